@@ -1,0 +1,20 @@
+# The two commands of the README. Each sets up .venv first (idempotent).
+PY := .venv/bin/python
+OUT ?= out
+
+.PHONY: setup run test lint
+
+setup:
+	@bash scripts/setup.sh
+
+# Main job: segment a bundled real photo; prints where the mask and overlay went.
+run: setup
+	$(PY) -m sam2edge segment sample:astronaut.png --point 270,180 --out $(OUT)/mask.png --overlay $(OUT)/overlay.png
+
+test: setup
+	$(PY) -m ruff check sam2edge tests benchmarks
+	$(PY) -m pytest -q tests
+
+lint: setup
+	$(PY) -m ruff check sam2edge tests benchmarks
+	$(PY) -m ruff format --check sam2edge tests benchmarks

@@ -1,0 +1,48 @@
+"""``sam2edge`` command line: one sub-command per job, registered in ``COMMANDS``.
+
+Each command module provides ``add_arguments(parser)`` and ``run(args) -> int``. A
+``UserError`` (bad input) is printed as one line and exits 2; nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from sam2edge.errors import UserError
+
+# command name -> (module under sam2edge.cli, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "segment": ("segment", "segment a photo from points / a box; write mask and overlay PNGs"),
+    "verify-official": ("verify_official", "check that a Meta .pt and an HF .safetensors hold identical tensors"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sam2edge", description="SAM 2.1 Hiera-Tiny for the edge, with proof.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(f"sam2edge.cli.{module}")
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Building blocks shared by every model stage, each with an export switch.
+
+``Rewrites`` selects, per model build, how the few export-sensitive operations are
+expressed. Every setting computes the same function (fp32 agreement to ~1e-6 relative);
+the defaults are the forms that mobile GPU delegates and XNNPACK accept whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Rewrites:
+    attention_rank: int = 4  # 4: q/k/v as [B, heads, N, d]; 3: [B*heads, N, d]
+    attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
+    transposed_conv: str = "zero_stuff"  # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d
+    layer_norm: str = "safe"  # "safe": scale-before-square; "native": F.layer_norm / upstream LayerNorm2d
+
+    def __post_init__(self) -> None:
+        checks = {
+            "attention_rank": (self.attention_rank, (3, 4)),
+            "attention_impl": (self.attention_impl, ("math", "sdpa")),
+            "transposed_conv": (self.transposed_conv, ("zero_stuff", "native")),
+            "layer_norm": (self.layer_norm, ("safe", "native")),
+        }
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
+
+
+UPSTREAM = Rewrites(attention_rank=4, attention_impl="sdpa", transposed_conv="native", layer_norm="native")
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, rw: Rewrites, key_bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Multi-head attention on already-projected tensors.
+
+    q: (B, Nq, C), k: (B, Nk, C), v: (B, Nk, Cv) with C, Cv divisible by num_heads.
+    key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
+    Returns (B, Nq, Cv). No tensor above rank 4 is created.
+    """
+    B, Nq, C = q.shape
+    Nk, Cv = k.shape[1], v.shape[2]
+    d, dv = C // num_heads, Cv // num_heads
+    q = q.reshape(B, Nq, num_heads, d).transpose(1, 2)  # (B, nh, Nq, d)
+    k = k.reshape(B, Nk, num_heads, d).transpose(1, 2)  # (B, nh, Nk, d)
+    v = v.reshape(B, Nk, num_heads, dv).transpose(1, 2)  # (B, nh, Nk, dv)
+    if rw.attention_rank == 3:
+        q = q.reshape(B * num_heads, Nq, d)  # (B*nh, Nq, d)
+        k = k.reshape(B * num_heads, Nk, d)  # (B*nh, Nk, d)
+        v = v.reshape(B * num_heads, Nk, dv)  # (B*nh, Nk, dv)
+    bias = None
+    if key_bias is not None:
+        bias = key_bias.reshape(B, 1, 1, Nk)  # (B, 1, 1, Nk)
+        if rw.attention_rank == 3:
+            bias = bias.expand(B, num_heads, 1, Nk).reshape(B * num_heads, 1, Nk)  # (B*nh, 1, Nk)
+    if rw.attention_impl == "sdpa":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    else:
+        scores = (q * (1.0 / math.sqrt(d))) @ k.transpose(-2, -1)  # (.., Nq, Nk)
+        if bias is not None:
+            scores = scores + bias
+        out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)
+    out = out.reshape(B, num_heads, Nq, dv)  # (B, nh, Nq, dv)
+    return out.transpose(1, 2).reshape(B, Nq, Cv)  # (B, Nq, Cv)
+
+
+def _normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over ``dim``, squaring only pre-scaled values.
+
+    The centred values are multiplied by 1/sqrt(C) before squaring, so the sum of squares
+    equals the mean of squares without ever materialising C-times larger partial values
+    (the fp16 overflow guard of the reference encoder card).
+    """
+    c = x.shape[dim]
+    xc = x - x.mean(dim, keepdim=True)
+    scaled = xc * (1.0 / math.sqrt(c))
+    var = (scaled * scaled).sum(dim, keepdim=True)
+    return xc * torch.rsqrt(var + eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim of (..., C)."""
+
+    def __init__(self, dim: int, eps: float, rw: Rewrites) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps, self.safe = eps, rw.layer_norm == "safe"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.safe:
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return _normalize(x, -1, self.eps) * self.weight + self.bias
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over channels of (B, C, H, W), as upstream's LayerNorm2d (eps 1e-6)."""
+
+    def __init__(self, dim: int, rw: Rewrites, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps, self.safe = eps, rw.layer_norm == "safe"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.safe:
+            x = _normalize(x, 1, self.eps)
+        else:
+            u = x.mean(1, keepdim=True)
+            s = (x - u).pow(2).mean(1, keepdim=True)
+            x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class MLP(nn.Module):
+    """``num_layers`` Linear layers with ``act`` between them (upstream ``sam2_utils.MLP``)."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        out_dim: int,
+        num_layers: int,
+        act: type[nn.Module] = nn.ReLU,
+        sigmoid_output: bool = False,
+    ) -> None:
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.act = act()
+        self.sigmoid_output = sigmoid_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = self.act(x)
+        return torch.sigmoid(x) if self.sigmoid_output else x
+
+
+def zero_stuff_2x(x: torch.Tensor) -> torch.Tensor:
+    """Insert a zero after every row and column: (B, C, H, W) -> (B, C, 2H, 2W).
+
+    Output[2i, 2j] = x[i, j], everything else 0. Rank <= 4 throughout.
+    """
+    B, C, H, W = x.shape
+    x = x.reshape(B, C * H, W, 1)  # (B, C*H, W, 1)
+    x = torch.cat([x, torch.zeros_like(x)], dim=3)  # (B, C*H, W, 2)
+    x = x.reshape(B, C * H, 1, 2 * W)  # (B, C*H, 1, 2W)
+    x = torch.cat([x, torch.zeros_like(x)], dim=2)  # (B, C*H, 2, 2W)
+    return x.reshape(B, C, 2 * H, 2 * W)  # (B, C, 2H, 2W)
+
+
+class UpConv2x2(nn.Module):
+    """ConvTranspose2d(kernel 2, stride 2), optionally as the exact zero-stuff + Conv2d identity.
+
+    Holds the upstream ConvTranspose2d parameters ``weight`` (Cin, Cout, 2, 2) and ``bias``.
+    The zero-stuff form convolves the zero-inserted input, padded by one row/column at the
+    top/left, with the spatially flipped, in/out-swapped kernel: out[2i+a, 2j+b] =
+    sum_c x[c, i, j] * weight[c, :, a, b] + bias, every other product being an exact zero.
+    The flipped kernel is a buffer baked from ``weight`` whenever weights are loaded.
+    """
+
+    def __init__(self, cin: int, cout: int, rw: Rewrites) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cin, cout, 2, 2))
+        self.bias = nn.Parameter(torch.zeros(cout))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.zero_stuff = rw.transposed_conv == "zero_stuff"
+        self.register_buffer("conv_weight", torch.empty(cout, cin, 2, 2), persistent=False)
+        self.refresh_constants()
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh_constants())
+
+    @torch.no_grad()
+    def refresh_constants(self) -> None:
+        self.conv_weight = self.weight.detach().transpose(0, 1).flip(2, 3).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.zero_stuff:
+            return F.conv_transpose2d(x, self.weight, self.bias, stride=2)
+        z = F.pad(zero_stuff_2x(x), (1, 0, 1, 0))  # (B, Cin, 2H+1, 2W+1)
+        return F.conv2d(z, self.conv_weight, self.bias)  # (B, Cout, 2H, 2W)

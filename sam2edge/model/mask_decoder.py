@@ -1,0 +1,189 @@
+"""Two-way transformer + mask decoder (upstream ``sam/transformer.py`` and ``sam/mask_decoder.py``).
+
+``MaskDecoder.forward`` returns all four mask tokens' outputs; the two ways upstream turns
+them into answers are separate, graph-friendly functions:
+``multimask`` (static slice of candidates 1..3) and ``single_mask`` (SAM 2.1's dynamic
+multimask via stability, written with comparisons and arithmetic instead of argmax/gather,
+selecting exactly what upstream selects, first index on ties).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sam2edge.config import Sam2Config
+from sam2edge.model.layers import MLP, LayerNorm, LayerNorm2d, Rewrites, UpConv2x2, attention
+
+
+class Attention(nn.Module):
+    """Projected multi-head attention; internal width = dim / downsample_rate."""
+
+    def __init__(self, dim: int, num_heads: int, downsample_rate: int, rw: Rewrites) -> None:
+        super().__init__()
+        inner = dim // downsample_rate
+        self.num_heads, self.rw = num_heads, rw
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, inner), nn.Linear(dim, inner), nn.Linear(dim, inner)
+        self.out_proj = nn.Linear(inner, dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """q: BxNqxC, k/v: BxNkxC, key_bias: BxNk or None -> BxNqxC."""
+        out = attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), self.num_heads, self.rw, key_bias)
+        return self.out_proj(out)
+
+
+class TwoWayAttentionBlock(nn.Module):
+    def __init__(self, cfg: Sam2Config, skip_first_layer_pe: bool, rw: Rewrites) -> None:
+        super().__init__()
+        d, h, r = cfg.d_model, cfg.decoder_heads, cfg.attention_downsample_rate
+        self.self_attn = Attention(d, h, 1, rw)
+        self.norm1 = LayerNorm(d, 1e-5, rw)
+        self.cross_attn_token_to_image = Attention(d, h, r, rw)
+        self.norm2 = LayerNorm(d, 1e-5, rw)
+        self.mlp = MLP(d, cfg.decoder_mlp_dim, d, 2, act=nn.ReLU)
+        self.norm3 = LayerNorm(d, 1e-5, rw)
+        self.norm4 = LayerNorm(d, 1e-5, rw)
+        self.cross_attn_image_to_token = Attention(d, h, r, rw)
+        self.skip_first_layer_pe = skip_first_layer_pe
+
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        query_pe: torch.Tensor,
+        key_pe: torch.Tensor,
+        token_bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries BxTxC (tokens), keys BxHWxC (image); token_bias BxT removes ignored tokens as keys."""
+        if self.skip_first_layer_pe:
+            queries = self.self_attn(queries, queries, queries, token_bias)
+        else:
+            q = queries + query_pe
+            queries = queries + self.self_attn(q, q, queries, token_bias)
+        queries = self.norm1(queries)
+        q, k = queries + query_pe, keys + key_pe
+        queries = self.norm2(queries + self.cross_attn_token_to_image(q, k, keys))
+        queries = self.norm3(queries + self.mlp(queries))
+        q, k = queries + query_pe, keys + key_pe
+        keys = self.norm4(keys + self.cross_attn_image_to_token(k, q, queries, token_bias))
+        return queries, keys
+
+
+class TwoWayTransformer(nn.Module):
+    def __init__(self, cfg: Sam2Config, rw: Rewrites) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.layers = nn.ModuleList(TwoWayAttentionBlock(cfg, i == 0, rw) for i in range(cfg.decoder_depth))
+        self.final_attn_token_to_image = Attention(d, cfg.decoder_heads, cfg.attention_downsample_rate, rw)
+        self.norm_final_attn = LayerNorm(d, 1e-5, rw)
+
+    def forward(
+        self, image: torch.Tensor, image_pe: torch.Tensor, tokens: torch.Tensor, token_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """image, image_pe: BxCxHxW; tokens: BxTxC; token_bias: BxT or None -> (tokens BxTxC, image BxHWxC)."""
+        B, C, H, W = image.shape
+        keys = image.reshape(B, C, H * W).transpose(1, 2)  # (B, HW, C)
+        key_pe = image_pe.reshape(image_pe.shape[0], C, H * W).transpose(1, 2)  # (1|B, HW, C)
+        queries = tokens
+        for layer in self.layers:
+            queries, keys = layer(queries, keys, tokens, key_pe, token_bias)
+        q, k = queries + tokens, keys + key_pe
+        queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q, k, keys))
+        return queries, keys
+
+
+class MaskDecoder(nn.Module):
+    """Tokens + image features -> 4 mask logits (B,4,4e,4e), 4 IoU scores (B,4), object score logit (B,1)."""
+
+    def __init__(self, cfg: Sam2Config, rw: Rewrites) -> None:
+        super().__init__()
+        d, n = cfg.d_model, cfg.num_mask_tokens
+        self.num_mask_tokens = n
+        self.delta, self.thresh = cfg.stability_delta, cfg.stability_thresh
+        self.transformer = TwoWayTransformer(cfg, rw)
+        self.iou_token = nn.Embedding(1, d)
+        self.mask_tokens = nn.Embedding(n, d)
+        self.obj_score_token = nn.Embedding(1, d)
+        self.output_upscaling = nn.Sequential(
+            UpConv2x2(d, d // 4, rw),
+            LayerNorm2d(d // 4, rw),
+            nn.GELU(),
+            UpConv2x2(d // 4, d // 8, rw),
+            nn.GELU(),
+        )
+        self.conv_s0 = nn.Conv2d(d, d // 8, kernel_size=1)  # folded into the encoder's decoder-ready output
+        self.conv_s1 = nn.Conv2d(d, d // 4, kernel_size=1)
+        self.output_hypernetworks_mlps = nn.ModuleList(MLP(d, d, d // 8, 3) for _ in range(n))
+        self.iou_prediction_head = MLP(d, cfg.iou_head_hidden_dim, n, cfg.iou_head_depth, sigmoid_output=True)
+        self.pred_obj_score_head = MLP(d, d, 1, 3)
+
+    def forward(
+        self,
+        image_embed: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse: torch.Tensor,
+        dense: torch.Tensor,
+        feat_s0: torch.Tensor,
+        feat_s1: torch.Tensor,
+        sparse_valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """image_embed Bx C x e x e (no_mem added); image_pe 1xCxexe; sparse BxNxC; dense BxCxexe;
+        feat_s0 Bx(C/8)x4ex4e; feat_s1 Bx(C/4)x2ex2e -> (masks Bx4x4ex4e, iou Bx4, object_score Bx1).
+
+        sparse_valid: optional BxN of 1.0 (token used) / 0.0 (ignored slot). An ignored token is
+        removed as an attention key everywhere, so a fixed-size prompt input with ignored slots
+        gives exactly the answer of the shorter prompt (None: every token is used, as upstream).
+        """
+        B = sparse.shape[0]
+        out_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight], dim=0)
+        tokens = torch.cat([out_tokens.unsqueeze(0).expand(B, -1, -1), sparse], dim=1)  # (B, 2+n+N, C)
+        src = image_embed + dense  # (B, C, e, e)
+        token_bias = None
+        if sparse_valid is not None:
+            out_valid = torch.ones_like(sparse_valid[:, :1]).expand(B, out_tokens.shape[0])  # (B, 2+n)
+            token_bias = (torch.cat([out_valid, sparse_valid], dim=1) - 1.0) * 1e4  # (B, T): 0 or -1e4
+        hs, src = self.transformer(src, image_pe, tokens, token_bias)  # (B, T, C), (B, e*e, C)
+        _, c, h, w = image_embed.shape
+        src = src.transpose(1, 2).reshape(B, c, h, w)  # (B, C, e, e)
+        up1, ln1, act1, up2, act2 = self.output_upscaling
+        x = act1(ln1(up1(src) + feat_s1))  # (B, C/4, 2e, 2e)
+        x = act2(up2(x) + feat_s0)  # (B, C/8, 4e, 4e)
+        mask_tokens = hs[:, 2 : 2 + self.num_mask_tokens, :]  # (B, n, C)
+        hyper_in = torch.stack(
+            [mlp(mask_tokens[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
+        )  # (B, n, C/8)
+        _, c8, H, W = x.shape
+        masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
+        iou = self.iou_prediction_head(hs[:, 1, :])  # (B, n)
+        obj = self.pred_obj_score_head(hs[:, 0, :])  # (B, 1)
+        return masks, iou, obj
+
+    @staticmethod
+    def multimask(masks: torch.Tensor, iou: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The multimask answer: candidates 1..n-1 (B, n-1, H, W), (B, n-1)."""
+        return masks[:, 1:], iou[:, 1:]
+
+    def single_mask(self, masks: torch.Tensor, iou: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SAM 2.1 single-mask answer: token 0 if its logits are stable, else the best multimask candidate.
+
+        Stability = area(logits > delta) / area(logits > -delta) (1 where the union is empty).
+        Returns (B, 1, H, W), (B, 1). Graph-friendly: no argmax, gather or Python branching.
+        """
+        multi, multi_iou = masks[:, 1:], iou[:, 1:]  # (B, k, H, W), (B, k)
+        is_max = multi_iou == multi_iou.max(dim=-1, keepdim=True).values  # (B, k)
+        taken = torch.zeros_like(is_max[:, :1])
+        first = []
+        for i in range(multi_iou.shape[1]):  # static loop over candidates: first max wins ties
+            pick = is_max[:, i : i + 1] & ~taken
+            first.append(pick)
+            taken = taken | pick
+        onehot = torch.cat(first, dim=1).to(masks.dtype)  # (B, k)
+        best_mask = (onehot[:, :, None, None] * multi).sum(dim=1, keepdim=True)  # (B, 1, H, W)
+        best_iou = (onehot * multi_iou).sum(dim=1, keepdim=True)  # (B, 1)
+        single, single_iou = masks[:, :1], iou[:, :1]
+        flat = single.flatten(2)  # (B, 1, HW)
+        area_i = (flat > self.delta).float().sum(-1)  # (B, 1), fp32: counts must be exact
+        area_u = (flat > -self.delta).float().sum(-1)  # (B, 1)
+        stability = torch.where(area_u > 0, area_i / area_u, torch.ones_like(area_u))
+        stable = stability >= self.thresh  # (B, 1)
+        return torch.where(stable[:, :, None, None], single, best_mask), torch.where(stable, single_iou, best_iou)

@@ -1,0 +1,83 @@
+"""Backends: one object per runtime, all with the same two calls.
+
+  encode(image 1x3xSxS float32) -> Features(image_embed, feat_s0, feat_s1) as numpy
+  decode(features, coords 1xNx2 (X,Y) model-input px, labels 1xN, mask_input 1x1x4ex4e | None)
+        -> Decoded(masks 1x3, iou 1x3, single_mask 1x1, single_iou 1x1, object_score 1x1)
+
+``BACKENDS`` maps a bundle's ``target`` (from its card.json) to the class that runs it; each
+export target registers its runtime here. The eager backend is the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from sam2edge.config import Sam2Config
+from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
+
+
+@dataclass
+class Features:
+    image_embed: np.ndarray  # 1xCxexe, no_mem_embed added
+    feat_s0: np.ndarray  # 1x(C/8)x4ex4e
+    feat_s1: np.ndarray  # 1x(C/4)x2ex2e
+
+
+@dataclass
+class Decoded:
+    masks: np.ndarray  # 1x3x4ex4e multimask logits
+    iou: np.ndarray  # 1x3
+    single_mask: np.ndarray  # 1x1x4ex4e single-mask (dynamic) logits
+    single_iou: np.ndarray  # 1x1
+    object_score: np.ndarray  # 1x1 logit
+
+
+class Backend(Protocol):
+    name: str
+    cfg: Sam2Config
+
+    def encode(self, image: np.ndarray) -> Features: ...
+
+    def decode(
+        self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None
+    ) -> Decoded: ...
+
+
+class EagerBackend:
+    """The PyTorch model in fp32. Default rewrites = upstream's operations (bit-identical to upstream)."""
+
+    name = "eager"
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        self.model, self.cfg = model.eval(), model.cfg
+
+    @classmethod
+    def from_state_dict(cls, sd: dict, cfg: Sam2Config, rewrites: Rewrites = UPSTREAM) -> EagerBackend:
+        model = build_sam2(cfg, rewrites)
+        model.load_state_dict(sd, strict=True)
+        return cls(model)
+
+    @torch.no_grad()
+    def encode(self, image: np.ndarray) -> Features:
+        emb, s0, s1 = self.model.encode_image(torch.as_tensor(image, dtype=torch.float32))
+        return Features(emb.numpy(), s0.numpy(), s1.numpy())
+
+    @torch.no_grad()
+    def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
+        pe = self.model.sam_prompt_encoder
+        sparse = pe.embed_points(torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32))
+        dense = pe.no_mask_dense if mask_input is None else pe.embed_mask(torch.as_tensor(mask_input, dtype=torch.float32))
+        f = [torch.from_numpy(a) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
+        masks, iou, obj = self.model.decode(*f, sparse, dense)
+        dec = self.model.sam_mask_decoder
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return Decoded(m3.numpy(), i3.numpy(), m1.numpy(), i1.numpy(), obj.numpy())
+
+
+# target name (card.json "target") -> backend class with ``from_bundle(dir) -> Backend``
+BACKENDS: dict[str, type] = {}

@@ -1,0 +1,27 @@
+"""Official checkpoints (Meta .pt, HF .safetensors) -> sam2edge weights, through one key map."""
+
+from sam2edge.weights.load import (
+    HUB_ID,
+    OFFICIAL_SHA256,
+    SYNTHETIC,
+    WeightsError,
+    load_weights,
+    read_checkpoint,
+    save_checkpoint,
+    sha256_file,
+    synthetic_state_dict,
+    to_sam2edge,
+)
+
+__all__ = [
+    "HUB_ID",
+    "OFFICIAL_SHA256",
+    "SYNTHETIC",
+    "WeightsError",
+    "load_weights",
+    "read_checkpoint",
+    "save_checkpoint",
+    "sha256_file",
+    "synthetic_state_dict",
+    "to_sam2edge",
+]
