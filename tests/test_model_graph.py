@@ -1,0 +1,131 @@
+"""Export-friendliness of the model (small config): switch agreement, rank <= 4, exact ignored slots, baked constants."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from oracles import meta_image_path
+from sam2edge.config import TEST_SMALL
+from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph, TokenDecoderGraph
+from sam2edge.model import UPSTREAM, Rewrites, build_sam2
+from sam2edge.weights import synthetic_state_dict
+
+ALL_REWRITES = [
+    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n)
+    for r, a, t, n in itertools.product((4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("safe", "native"))
+]
+
+
+@pytest.fixture(scope="module")
+def sd():
+    return synthetic_state_dict(TEST_SMALL, seed=3)
+
+
+def _run(model, image, coords, labels, mask):
+    with torch.no_grad():
+        emb, s0, s1 = model.encode_image(image)
+        pe = model.sam_prompt_encoder
+        sparse = pe.embed_points(coords, labels)
+        masks, iou, obj = model.decode(emb, s0, s1, sparse, pe.embed_mask(mask))
+        single, single_iou = model.sam_mask_decoder.single_mask(masks, iou)
+    return [emb, s0, s1, sparse, masks, iou, obj, single, single_iou]
+
+
+@pytest.mark.parametrize("rw", ALL_REWRITES, ids=lambda r: f"r{r.attention_rank}-{r.attention_impl}-{r.transposed_conv}-{r.layer_norm}")
+def test_every_switch_setting_agrees(sd, rw):
+    torch.manual_seed(0)
+    image = torch.randn(1, 3, 256, 256)
+    coords, labels = torch.tensor([[[60.0, 80.0], [200.0, 30.0], [0.0, 0.0]]]), torch.tensor([[1.0, 0.0, -1.0]])
+    mask = torch.randn(1, 1, 64, 64)
+    ref_model, model = build_sam2(TEST_SMALL, UPSTREAM), build_sam2(TEST_SMALL, rw)
+    ref_model.load_state_dict(sd)
+    model.load_state_dict(sd)
+    names = ["image_embed", "feat_s0", "feat_s1", "sparse", "masks", "iou", "obj", "single", "single_iou"]
+    for name, a, b in zip(names, _run(model, image, coords, labels, mask), _run(ref_model, image, coords, labels, mask)):
+        scale = b.abs().max().item()
+        assert (a - b).abs().max().item() <= 1e-5 * scale, f"{rw}: {name} differs beyond 1e-5 x {scale:.3g}"
+
+
+def test_small_config_matches_meta_modules():
+    """The small test config is a faithful shrink: upstream modules built from it agree with ours."""
+    ref = meta_image_path(TEST_SMALL, seed=5)
+    model = build_sam2(TEST_SMALL)
+    model.load_state_dict({k: v for k, v in ref.state_dict().items()})
+    image = torch.randn(1, 3, 256, 256)
+    with torch.no_grad():
+        r = ref.encode(image)
+        emb, s0, s1 = model.encode_image(image)
+    for name, a, b in (("image_embed", emb, r["image_embed"]), ("feat_s0", s0, r["feat_s0"]), ("feat_s1", s1, r["feat_s1"])):
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max(), name
+
+
+def _max_rank(graph_module) -> tuple[int, str]:
+    worst, where = 0, ""
+    for node in graph_module.graph.nodes:
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(v, torch.Tensor) and v.dim() > worst:
+                worst, where = v.dim(), f"{node.op} {node.target}"
+    return worst, where
+
+
+@pytest.mark.parametrize("rank", [4, 3])
+def test_exported_graphs_have_no_tensor_above_rank_4(sd, rank):
+    """torch.export also proves there is no data-dependent Python control flow (it would not trace)."""
+    model = build_sam2(TEST_SMALL, Rewrites(attention_rank=rank))
+    model.load_state_dict(sd)
+    e = TEST_SMALL.image_embedding_size
+    feats = (torch.randn(1, 32, e, e), torch.randn(1, 4, 4 * e, 4 * e), torch.randn(1, 8, 2 * e, 2 * e))
+    graphs = {
+        "encoder": (EncoderGraph(model), (torch.randn(1, 3, 256, 256),)),
+        "token-decoder": (TokenDecoderGraph(model), (*feats, torch.randn(1, 5, 32), torch.ones(1, 5), torch.randn(1, 32, e, e))),
+        "point-decoder": (
+            PointDecoderGraph(model),
+            (*feats, torch.rand(1, 4, 2) * 256, torch.tensor([[2.0, 3.0, 1.0, -1.0]]), torch.randn(1, 1, 4 * e, 4 * e), torch.ones(1)),
+        ),
+    }
+    for name, (graph, args) in graphs.items():
+        ep = torch.export.export(graph, args)
+        worst, where = _max_rank(ep.graph_module)
+        assert worst <= 4, f"{name}: rank-{worst} tensor at {where}"
+
+
+def test_ignored_slots_are_exact_no_ops(sd):
+    model = build_sam2(TEST_SMALL)
+    model.load_state_dict(sd)
+    e = TEST_SMALL.image_embedding_size
+    feats = (torch.randn(1, 32, e, e), torch.randn(1, 4, 4 * e, 4 * e), torch.randn(1, 8, 2 * e, 2 * e))
+    coords = torch.tensor([[[60.0, 80.0], [0.0, 0.0]]])
+    labels = torch.tensor([[1.0, -1.0]])
+    graph = PointDecoderGraph(model)
+    no_mask = (torch.zeros(1, 1, 4 * e, 4 * e), torch.zeros(1))
+    with torch.no_grad():
+        short = graph(*feats, coords, labels, *no_mask)
+        padded = graph(
+            *feats,
+            torch.cat([coords, torch.rand(1, 6, 2) * 256], dim=1),
+            torch.cat([labels, torch.full((1, 6), -2.0)], dim=1),
+            *no_mask,
+        )
+        used = graph(*feats, torch.cat([coords, torch.rand(1, 6, 2) * 256], dim=1), torch.cat([labels, torch.ones(1, 6)], 1), *no_mask)
+    for a, b in zip(padded, short):
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max()
+    assert (used[0] - short[0]).abs().max() > 1e-3 * short[0].abs().max(), "extra used points must change the answer"
+
+
+def test_constants_are_rebaked_on_load(sd):
+    """pos-embed / image PE / no-mask dense / flipped conv weights follow the loaded weights."""
+    image = torch.randn(1, 3, 256, 256)
+    other = synthetic_state_dict(TEST_SMALL, seed=9)
+    reused = build_sam2(TEST_SMALL)
+    reused.load_state_dict(sd)
+    reused.load_state_dict(other)
+    fresh = build_sam2(TEST_SMALL)
+    fresh.load_state_dict(other)
+    for name, buf in reused.named_buffers():
+        assert torch.equal(buf, dict(fresh.named_buffers())[name]), name
+    with torch.no_grad():
+        assert torch.equal(reused.encode_image(image)[0], fresh.encode_image(image)[0])
