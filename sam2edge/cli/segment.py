@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     predictor.set_image(rgb)
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=args.multimask)
     best = int(np.argmax(scores))
-    mask = masks[best]
+    mask = masks[best] > 0.5
     with atomic_path(args.out) as tmp:
         Image.fromarray(mask.astype(np.uint8) * 255).save(tmp, format="PNG")
     with atomic_path(args.overlay) as tmp:

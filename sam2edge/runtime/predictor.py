@@ -98,7 +98,7 @@ class Sam2Predictor:
         return_logits: bool = False,
         normalize_coords: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """-> (masks CxHxW bool or logits, iou_predictions C, low_res_masks Cx4ex4e logits clamped to +-32)."""
+        """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C, low_res_masks Cx4ex4e logits clamped to +-32)."""
         self._require_image()
         coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
         mask = self._mask_input(mask_input)
@@ -109,7 +109,7 @@ class Sam2Predictor:
         if not return_logits:
             masks = masks > self.mask_threshold
         low_t = torch.clamp(low_t, -32.0, 32.0)
-        return masks[0].numpy(), np.asarray(iou, np.float32)[0], low_t[0].numpy()
+        return masks[0].float().numpy(), np.asarray(iou, np.float32)[0], low_t[0].numpy()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _require_image(self) -> None:
