@@ -1,4 +1,4 @@
-"""Export-friendliness of the model (small config): switch agreement, rank <= 4, exact ignored slots, baked constants."""
+"""Export-friendliness (small config): switch agreement, rank <= 4, exact ignored slots, baked constants."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 import torch
-
 from oracles import meta_image_path
+
 from sam2edge.config import TEST_SMALL
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph, TokenDecoderGraph
 from sam2edge.model import UPSTREAM, Rewrites, build_sam2
@@ -34,7 +34,9 @@ def _run(model, image, coords, labels, mask):
     return [emb, s0, s1, sparse, masks, iou, obj, single, single_iou]
 
 
-@pytest.mark.parametrize("rw", ALL_REWRITES, ids=lambda r: f"r{r.attention_rank}-{r.attention_impl}-{r.transposed_conv}-{r.layer_norm}")
+@pytest.mark.parametrize(
+    "rw", ALL_REWRITES, ids=lambda r: f"r{r.attention_rank}-{r.attention_impl}-{r.transposed_conv}-{r.layer_norm}"
+)
 def test_every_switch_setting_agrees(sd, rw):
     torch.manual_seed(0)
     image = torch.randn(1, 3, 256, 256)
@@ -44,7 +46,9 @@ def test_every_switch_setting_agrees(sd, rw):
     ref_model.load_state_dict(sd)
     model.load_state_dict(sd)
     names = ["image_embed", "feat_s0", "feat_s1", "sparse", "masks", "iou", "obj", "single", "single_iou"]
-    for name, a, b in zip(names, _run(model, image, coords, labels, mask), _run(ref_model, image, coords, labels, mask)):
+    for name, a, b in zip(
+        names, _run(model, image, coords, labels, mask), _run(ref_model, image, coords, labels, mask)
+    ):
         scale = b.abs().max().item()
         assert (a - b).abs().max().item() <= 1e-5 * scale, f"{rw}: {name} differs beyond 1e-5 x {scale:.3g}"
 
@@ -58,7 +62,11 @@ def test_small_config_matches_meta_modules():
     with torch.no_grad():
         r = ref.encode(image)
         emb, s0, s1 = model.encode_image(image)
-    for name, a, b in (("image_embed", emb, r["image_embed"]), ("feat_s0", s0, r["feat_s0"]), ("feat_s1", s1, r["feat_s1"])):
+    for name, a, b in (
+        ("image_embed", emb, r["image_embed"]),
+        ("feat_s0", s0, r["feat_s0"]),
+        ("feat_s1", s1, r["feat_s1"]),
+    ):
         assert (a - b).abs().max() <= 1e-4 * b.abs().max(), name
 
 
@@ -81,10 +89,19 @@ def test_exported_graphs_have_no_tensor_above_rank_4(sd, rank):
     feats = (torch.randn(1, 32, e, e), torch.randn(1, 4, 4 * e, 4 * e), torch.randn(1, 8, 2 * e, 2 * e))
     graphs = {
         "encoder": (EncoderGraph(model), (torch.randn(1, 3, 256, 256),)),
-        "token-decoder": (TokenDecoderGraph(model), (*feats, torch.randn(1, 5, 32), torch.ones(1, 5), torch.randn(1, 32, e, e))),
+        "token-decoder": (
+            TokenDecoderGraph(model),
+            (*feats, torch.randn(1, 5, 32), torch.ones(1, 5), torch.randn(1, 32, e, e)),
+        ),
         "point-decoder": (
             PointDecoderGraph(model),
-            (*feats, torch.rand(1, 4, 2) * 256, torch.tensor([[2.0, 3.0, 1.0, -1.0]]), torch.randn(1, 1, 4 * e, 4 * e), torch.ones(1)),
+            (
+                *feats,
+                torch.rand(1, 4, 2) * 256,
+                torch.tensor([[2.0, 3.0, 1.0, -1.0]]),
+                torch.randn(1, 1, 4 * e, 4 * e),
+                torch.ones(1),
+            ),
         ),
     }
     for name, (graph, args) in graphs.items():
@@ -110,7 +127,12 @@ def test_ignored_slots_are_exact_no_ops(sd):
             torch.cat([labels, torch.full((1, 6), -2.0)], dim=1),
             *no_mask,
         )
-        used = graph(*feats, torch.cat([coords, torch.rand(1, 6, 2) * 256], dim=1), torch.cat([labels, torch.ones(1, 6)], 1), *no_mask)
+        used = graph(
+            *feats,
+            torch.cat([coords, torch.rand(1, 6, 2) * 256], dim=1),
+            torch.cat([labels, torch.ones(1, 6)], 1),
+            *no_mask,
+        )
     for a, b in zip(padded, short):
         assert (a - b).abs().max() <= 1e-6 * b.abs().max()
     assert (used[0] - short[0]).abs().max() > 1e-3 * short[0].abs().max(), "extra used points must change the answer"

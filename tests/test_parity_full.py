@@ -16,7 +16,11 @@ from sam2edge.model import UPSTREAM, Rewrites, build_sam2
 from sam2edge.runtime.preprocess import preprocess
 from sam2edge.weights.load import expected_shapes, to_sam2edge
 
-REWRITES = {"export": Rewrites(), "upstream-ops": UPSTREAM, "rank3-sdpa": Rewrites(attention_rank=3, attention_impl="sdpa")}
+REWRITES = {
+    "export": Rewrites(),
+    "upstream-ops": UPSTREAM,
+    "rank3-sdpa": Rewrites(attention_rank=3, attention_impl="sdpa"),
+}
 
 # Prompts in model-input pixels (1024 space), already in the predictor's layout:
 # box corners (2, 3) first, then points, then one pad point (-1).
@@ -195,7 +199,9 @@ def test_decoder_matches_transformers(hf_pair, case, multimask):
         hf_kw["input_masks"] = mask_input
     with torch.no_grad():
         out = hf(image_embeddings=ref["feats"], multimask_output=multimask, **hf_kw)
-    mine = _ours_decode(model, feats, torch.tensor(coords[None]), torch.tensor(labels[None], dtype=torch.float32), mask_input, multimask)
+    mine = _ours_decode(
+        model, feats, torch.tensor(coords[None]), torch.tensor(labels[None], dtype=torch.float32), mask_input, multimask
+    )
     assert_close(mine["masks"], out.pred_masks[:, 0], f"HF {case} masks")
     assert_close(mine["iou"], out.iou_scores[:, 0], f"HF {case} iou")
     assert_close(mine["obj"], out.object_score_logits[:, 0], f"HF {case} object score")

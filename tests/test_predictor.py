@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from oracles import TorchvisionStandIn
 from PIL import Image
 
-from oracles import TorchvisionStandIn
 from sam2edge import Sam2Predictor
 from sam2edge.checks.fidelity import photo
 from sam2edge.config import TEST_SMALL
@@ -16,7 +16,9 @@ PROMPTS = {
     "point": dict(point_coords=np.array([[512.0, 400.0]]), point_labels=np.array([1])),
     "points+negative": dict(point_coords=np.array([[512.0, 400.0], [200.0, 800.0]]), point_labels=np.array([1, 0])),
     "box": dict(box=np.array([250.0, 200.0, 760.0, 820.0])),
-    "box+point": dict(point_coords=np.array([[480.0, 500.0]]), point_labels=np.array([1]), box=np.array([250.0, 200.0, 760.0, 820.0])),
+    "box+point": dict(
+        point_coords=np.array([[480.0, 500.0]]), point_labels=np.array([1]), box=np.array([250.0, 200.0, 760.0, 820.0])
+    ),
 }
 
 

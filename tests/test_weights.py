@@ -10,7 +10,14 @@ import torch
 from sam2edge.cli.main import main
 from sam2edge.config import HIERA_TINY, TEST_SMALL
 from sam2edge.model import build_sam2
-from sam2edge.weights import WeightsError, load_weights, read_checkpoint, save_checkpoint, synthetic_state_dict, to_sam2edge
+from sam2edge.weights import (
+    WeightsError,
+    load_weights,
+    read_checkpoint,
+    save_checkpoint,
+    synthetic_state_dict,
+    to_sam2edge,
+)
 from sam2edge.weights.keymap import META_VIDEO_ONLY
 from sam2edge.weights.load import expected_shapes, from_sam2edge
 
@@ -98,7 +105,9 @@ def test_bad_checkpoints_give_one_line_errors(kind, small_sd, ckpt_files, tmp_pa
         del sd["sam_prompt_encoder.no_mask_embed.weight"]
         torch.save({"model": sd}, bad)
     out = tmp_path / "mask.png"
-    msg = _cli_error(capsys, ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", str(bad), "--out", str(out)])
+    msg = _cli_error(
+        capsys, ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", str(bad), "--out", str(out)]
+    )
     assert str(bad) in msg
     if kind == "missing-key":
         assert "sam_prompt_encoder.no_mask_embed.weight" in msg
@@ -107,7 +116,9 @@ def test_bad_checkpoints_give_one_line_errors(kind, small_sd, ckpt_files, tmp_pa
 
 def test_hub_id_offline_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    msg = _cli_error(capsys, ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", "facebook/sam2.1-hiera-tiny"])
+    msg = _cli_error(
+        capsys, ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", "facebook/sam2.1-hiera-tiny"]
+    )
     assert "cannot fetch facebook/sam2.1-hiera-tiny" in msg and "--checkpoint" in msg
 
 

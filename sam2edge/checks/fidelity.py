@@ -74,7 +74,12 @@ def compare(test: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     sa, sb = a.std(), b.std()
     corr = float(((a - a.mean()) @ (b - b.mean())) / (a.size * sa * sb)) if sa and sb else float(np.allclose(a, b))
     scale = np.abs(b).max() if b.size else 0.0
-    return {"cosine": cos, "correlation": corr, "max_abs": float(diff), "max_rel": float(diff / scale) if scale else float(diff)}
+    return {
+        "cosine": cos,
+        "correlation": corr,
+        "max_abs": float(diff),
+        "max_rel": float(diff / scale) if scale else float(diff),
+    }
 
 
 def mask_iou(a: np.ndarray, b: np.ndarray) -> float:

@@ -22,7 +22,8 @@ def _point(text: str) -> tuple[float, float, int]:
         x, y = float(parts[0]), float(parts[1])
         label = int(parts[2]) if len(parts) == 3 else 1
     except ValueError:
-        raise argparse.ArgumentTypeError(f"point {text!r} must be X,Y or X,Y,LABEL (LABEL 1 = object, 0 = background)")
+        msg = f"point {text!r} must be X,Y or X,Y,LABEL (LABEL 1 = object, 0 = background)"
+        raise argparse.ArgumentTypeError(msg) from None
     if label not in (0, 1):
         raise argparse.ArgumentTypeError(f"point label {label} must be 1 (object) or 0 (background)")
     return x, y, label
@@ -39,10 +40,16 @@ def _box(text: str) -> tuple[float, float, float, float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("image", help="photo file, or sample:NAME for a photo bundled with scikit-image (e.g. sample:astronaut.png)")
-    p.add_argument("--point", type=_point, action="append", default=[], metavar="X,Y[,LABEL]", help="click in image pixels")
+    p.add_argument(
+        "image", help="photo file, or sample:NAME for a photo bundled with scikit-image (e.g. sample:astronaut.png)"
+    )
+    p.add_argument(
+        "--point", type=_point, action="append", default=[], metavar="X,Y[,LABEL]", help="click in image pixels"
+    )
     p.add_argument("--box", type=_box, metavar="X0,Y0,X1,Y1", help="box in image pixels")
-    p.add_argument("--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)")
+    p.add_argument(
+        "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
+    )
     p.add_argument("--model", help="an export bundle folder to run instead of the eager model")
     p.add_argument("--out", default="mask.png", help="mask PNG to write (default mask.png)")
     p.add_argument("--overlay", default="overlay.png", help="overlay PNG to write (default overlay.png)")
@@ -56,7 +63,9 @@ def _load(image: str) -> np.ndarray:
     if image.startswith(SAMPLE_PREFIX):
         path = photo_path(image[len(SAMPLE_PREFIX) :])
         if not path.is_file():
-            raise UserError(f"no bundled sample {image!r}; try sample:astronaut.png, sample:chelsea.png or sample:coffee.png")
+            raise UserError(
+                f"no bundled sample {image!r}; try sample:astronaut.png, sample:chelsea.png or sample:coffee.png"
+            )
         return load_image(path)
     return load_image(image)
 
@@ -73,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.box is not None:
         x0, y0, x1, y1 = args.box
         if x1 <= x0 or y1 <= y0:
-            raise UserError(f"box {x0:g},{y0:g},{x1:g},{y1:g} is empty or inverted; give X0,Y0,X1,Y1 with X1 > X0 and Y1 > Y0")
+            raise UserError(
+                f"box {x0:g},{y0:g},{x1:g},{y1:g} is empty or inverted; give X0,Y0,X1,Y1 with X1 > X0 and Y1 > Y0"
+            )
         if min(x0, y0) < 0 or x1 > w or y1 > h:
             raise UserError(f"box {x0:g},{y0:g},{x1:g},{y1:g} leaves the {w}x{h} image; keep it inside 0..{w} x 0..{h}")
         box = np.array(args.box, np.float32)

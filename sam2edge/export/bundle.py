@@ -33,6 +33,36 @@ from sam2edge.errors import UserError
 
 CARD, MANIFEST, FIDELITY = "card.json", "manifest.json", "fidelity.json"
 REQUIRED_FIELDS = ("schema", "model_id", "target", "precision", "resolution", "config", "status", "source", "artifacts")
+
+
+def _is_sha(v: object) -> bool:
+    return v is None or (isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v))
+
+
+# field -> (check, what it must be), applied after REQUIRED_FIELDS are known present
+FIELD_CHECKS = (
+    ("schema", lambda v: v == 1, "1"),
+    ("model_id", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    ("target", lambda v: isinstance(v, str) and v != "", "a runtime name such as 'litert'"),
+    ("precision", lambda v: v in ("fp32", "fp16", "int8"), "'fp32', 'fp16' or 'int8'"),
+    (
+        "resolution",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % 32 == 0,
+        "a positive multiple of 32",
+    ),
+    ("config", lambda v: isinstance(v, str) and v != "", "a config name such as 'sam2.1-hiera-tiny'"),
+    ("status", lambda v: isinstance(v, str) and v != "", "a status such as 'shippable' or 'rejected'"),
+    (
+        "source",
+        lambda v: isinstance(v, dict) and isinstance(v.get("checkpoint"), str) and _is_sha(v.get("sha256")),
+        "{checkpoint, format, sha256}",
+    ),
+    (
+        "artifacts",
+        lambda v: all(isinstance(a.get("file"), str) and a.get("sha256") and _is_sha(a["sha256"]) for a in v),
+        "a list of {file, sha256 (64 hex), bytes}",
+    ),
+)
 TOOL_PACKAGES = ("torch", "litert-torch", "ai-edge-litert", "executorch", "onnx", "onnxruntime", "numpy")
 
 
@@ -95,7 +125,7 @@ def finalize_bundle(
         "source": source,
         "tools": tool_versions(),
         "command": command,
-        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
         "artifacts": arts,
         "fidelity": fidelity,
         "extra": extra or {},
@@ -132,6 +162,42 @@ def load_card(folder: Path) -> dict:
     for field in REQUIRED_FIELDS:
         if field not in card:
             raise UserError(f"{path} is missing field '{field}'; re-run the export")
-    if not isinstance(card["artifacts"], list) or not all(isinstance(a, dict) and "file" in a for a in card["artifacts"]):
+    arts = card["artifacts"]
+    if not isinstance(arts, list) or not all(isinstance(a, dict) and "file" in a for a in arts):
         raise UserError(f"{path} field 'artifacts' must be a list of {{file, sha256, bytes}}; re-run the export")
+    for field, ok, want in FIELD_CHECKS:
+        if not ok(card[field]):
+            raise UserError(f"{path} field '{field}' is {card[field]!r}, expected {want}; re-run the export")
     return card
+
+
+def verify_manifest(folder: Path) -> list[str]:
+    """Check every file listed in manifest.json (SHA-256 and size) and look for unlisted files.
+
+    Returns one line per problem, each naming the file ("" list = intact). A missing or malformed
+    manifest is a UserError.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{folder} has no {MANIFEST}; pass a bundle folder written by `sam2edge export`")
+    try:
+        files = json.loads(path.read_text())["files"]
+        entries = {str(k): (str(v["sha256"]), int(v["bytes"])) for k, v in files.items()}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
+        want = "{'files': {name: {sha256, bytes}}}"
+        raise UserError(f"{path} is malformed (needs {want}); re-export the bundle") from None
+    problems = []
+    for name, (sha, size) in sorted(entries.items()):
+        p = folder / name
+        if not p.is_file():
+            problems.append(f"{name}: missing")
+        elif p.stat().st_size != size:
+            problems.append(f"{name}: size {p.stat().st_size} bytes != {size} in the manifest")
+        elif sha256_bytes(p) != sha:
+            problems.append(f"{name}: sha256 {sha256_bytes(p)[:16]}... != {sha[:16]}... in the manifest (modified)")
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and p.name != MANIFEST and rel not in entries:
+            problems.append(f"{rel}: not listed in the manifest")
+    return problems

@@ -38,7 +38,12 @@ UPSTREAM = Rewrites(attention_rank=4, attention_impl="sdpa", transposed_conv="na
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, rw: Rewrites, key_bias: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    rw: Rewrites,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Multi-head attention on already-projected tensors.
 

@@ -26,7 +26,9 @@ class Attention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, inner), nn.Linear(dim, inner), nn.Linear(dim, inner)
         self.out_proj = nn.Linear(inner, dim)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q: BxNqxC, k/v: BxNkxC, key_bias: BxNk or None -> BxNqxC."""
         out = attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), self.num_heads, self.rw, key_bias)
         return self.out_proj(out)

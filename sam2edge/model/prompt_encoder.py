@@ -33,7 +33,9 @@ class PositionEmbeddingRandom(nn.Module):
 
     def dense(self, size: int) -> torch.Tensor:
         """Encoding of every cell centre of a size x size grid: (1, C, size, size)."""
-        centres = (torch.arange(size, dtype=torch.float32, device=self.positional_encoding_gaussian_matrix.device) + 0.5) / size
+        centres = (
+            torch.arange(size, dtype=torch.float32, device=self.positional_encoding_gaussian_matrix.device) + 0.5
+        ) / size
         grid = torch.stack(torch.meshgrid(centres, centres, indexing="xy"), dim=-1)  # (size, size, 2) as (x, y)
         return self.encode(grid).permute(2, 0, 1).unsqueeze(0)
 

@@ -69,8 +69,12 @@ class EagerBackend:
     @torch.no_grad()
     def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
         pe = self.model.sam_prompt_encoder
-        sparse = pe.embed_points(torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32))
-        dense = pe.no_mask_dense if mask_input is None else pe.embed_mask(torch.as_tensor(mask_input, dtype=torch.float32))
+        sparse = pe.embed_points(
+            torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32)
+        )
+        dense = (
+            pe.no_mask_dense if mask_input is None else pe.embed_mask(torch.as_tensor(mask_input, dtype=torch.float32))
+        )
         f = [torch.from_numpy(a) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
         masks, iou, obj = self.model.decode(*f, sparse, dense)
         dec = self.model.sam_mask_decoder
@@ -81,3 +85,7 @@ class EagerBackend:
 
 # target name (card.json "target") -> backend class with ``from_bundle(dir) -> Backend``
 BACKENDS: dict[str, type] = {}
+
+# runtimes that register themselves in BACKENDS on import (one line each)
+import sam2edge.runtime.litert_backend  # noqa: E402,F401
+import sam2edge.runtime.onnx_backend  # noqa: E402,F401

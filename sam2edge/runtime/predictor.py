@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sam2edge.config import HIERA_TINY, Sam2Config
+from sam2edge.errors import UserError
 from sam2edge.runtime.backends import BACKENDS, Backend, EagerBackend, Features
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
-from sam2edge.errors import UserError
 
 MASK_THRESHOLD = 0.0
 
@@ -58,7 +58,9 @@ class Sam2Predictor:
         bundle = Path(bundle)
         card = bundle / "card.json"
         if not card.is_file():
-            raise PredictorError(f"{bundle} is not an export bundle (no card.json); pass a folder written by `sam2edge export`")
+            raise PredictorError(
+                f"{bundle} is not an export bundle (no card.json); pass a folder written by `sam2edge export`"
+            )
         try:
             meta = json.loads(card.read_text())
             target = meta["target"]
@@ -98,7 +100,8 @@ class Sam2Predictor:
         return_logits: bool = False,
         normalize_coords: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C, low_res_masks Cx4ex4e logits clamped to +-32)."""
+        """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C,
+        low_res_masks Cx4ex4e logits clamped to +-32)."""
         self._require_image()
         coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
         mask = self._mask_input(mask_input)
@@ -124,6 +127,7 @@ class Sam2Predictor:
 
         def to_model(xy: np.ndarray) -> np.ndarray:  # as upstream: (x / w) * S, in float32
             return (xy / wh) * size
+
         coords, labels = [], []
         if box is not None:
             b = np.asarray(box, np.float32)
@@ -155,5 +159,7 @@ class Sam2Predictor:
         m = np.asarray(mask_input, np.float32)
         side = 4 * self.cfg.image_embedding_size
         if m.size != side * side:
-            raise PredictorError(f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}")
+            raise PredictorError(
+                f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}"
+            )
         return m.reshape(1, 1, side, side)

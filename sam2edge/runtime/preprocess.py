@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
+
 from sam2edge.errors import UserError
 
 MEAN = (0.485, 0.456, 0.406)

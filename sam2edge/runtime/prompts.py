@@ -30,7 +30,11 @@ def prompt_tables(model) -> dict[str, np.ndarray]:
 
 
 def encode_points(
-    coords: np.ndarray, labels: np.ndarray, tables: dict[str, np.ndarray], image_size: int, num_tokens: int | None = None
+    coords: np.ndarray,
+    labels: np.ndarray,
+    tables: dict[str, np.ndarray],
+    image_size: int,
+    num_tokens: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """coords Nx2 (X, Y) model-input pixels, labels N in {-1,0,1,2,3} -> (tokens 1xKxC, valid 1xK).
 

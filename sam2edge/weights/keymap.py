@@ -45,7 +45,10 @@ HF_RULES: tuple[tuple[str, str], ...] = (
     (r"^no_mem_embed$", "no_memory_embedding"),
     (r"^image_encoder\.trunk\.", "vision_encoder.backbone."),
     (r"^image_encoder\.neck\.convs\.(\d+)\.conv\.", r"vision_encoder.neck.convs.\1."),
-    (r"^sam_prompt_encoder\.pe_layer\.positional_encoding_gaussian_matrix$", "shared_image_embedding.positional_embedding"),
+    (
+        r"^sam_prompt_encoder\.pe_layer\.positional_encoding_gaussian_matrix$",
+        "shared_image_embedding.positional_embedding",
+    ),
     (r"^sam_prompt_encoder\.mask_downscaling\.0\.", "prompt_encoder.mask_embed.conv1."),
     (r"^sam_prompt_encoder\.mask_downscaling\.1\.", "prompt_encoder.mask_embed.layer_norm1."),
     (r"^sam_prompt_encoder\.mask_downscaling\.3\.", "prompt_encoder.mask_embed.conv2."),

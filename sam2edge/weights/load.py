@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from sam2edge.config import HIERA_TINY, Sam2Config
+from sam2edge.errors import UserError
 from sam2edge.model import build_sam2
 from sam2edge.weights.keymap import HF_ALIASES, hf_name, is_video_only
-from sam2edge.errors import UserError
 
 HUB_ID = "facebook/sam2.1-hiera-tiny"
 OFFICIAL_SHA256 = {
@@ -45,7 +45,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
     """
     path = Path(path)
     if not path.is_file():
-        raise WeightsError(f"checkpoint {path} does not exist; pass the path of sam2.1_hiera_tiny.pt or model.safetensors")
+        raise WeightsError(
+            f"checkpoint {path} does not exist; pass the path of sam2.1_hiera_tiny.pt or model.safetensors"
+        )
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -61,7 +63,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
             " (re-download it)"
         ) from None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise WeightsError(f"checkpoint {path} holds no tensor state dict; pass sam2.1_hiera_tiny.pt or model.safetensors")
+        raise WeightsError(
+            f"checkpoint {path} holds no tensor state dict; pass sam2.1_hiera_tiny.pt or model.safetensors"
+        )
     fmt = "hf" if any(k.startswith(("vision_encoder.", "mask_decoder.")) for k in sd) else "meta"
     return sd, fmt
 
@@ -98,10 +102,13 @@ def to_sam2edge(sd: dict[str, torch.Tensor], fmt: str, expected: dict[str, torch
                 if primary in sd and not torch.equal(sd[alias], sd[primary]):
                     misshaped.append(f"{alias} differs from its tied copy {primary}")
     unexpected = sorted(k for k in sd if k not in used and not is_video_only(k, fmt))
-    problems = [_summary(k, v) for k, v in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if v]
+    problems = [
+        _summary(k, v) for k, v in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if v
+    ]
     if problems:
         raise WeightsError(
-            f"checkpoint {source} does not match SAM 2.1 {fmt} naming: " + "; ".join(problems)
+            f"checkpoint {source} does not match SAM 2.1 {fmt} naming: "
+            + "; ".join(problems)
             + "; pass an unmodified sam2.1_hiera_tiny.pt or model.safetensors"
         )
     return out
