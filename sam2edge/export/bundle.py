@@ -17,7 +17,8 @@ predictor's ``from_export`` work the same for all runtimes. ``card.json`` fields
   command         the command line that produced the bundle
   created         UTC date (YYYY-MM-DD)
   artifacts       [{"file", "sha256", "bytes", "role"}] model files and host tables
-  fidelity        what was measured at export time (also written to fidelity.json)
+  fidelity        what was measured at export time (also written to fidelity.json; `sam2edge verify` adds "verify")
+  records         bench / sweep record files found in the bundle (filled by `sam2edge card render`)
   extra           target-specific facts (I/O names, op census, delegation, ...)
 """
 
@@ -128,6 +129,7 @@ def finalize_bundle(
         "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
         "artifacts": arts,
         "fidelity": fidelity,
+        "records": {"bench": [], "sweep": []},
         "extra": extra or {},
     }
     write_json(folder / CARD, card)

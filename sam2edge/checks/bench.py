@@ -1,0 +1,443 @@
+"""Benchmarks: load time, encoder and per-click decoder latency, peak RSS, compute bound.
+
+A *subject* is one thing timed: an export bundle (its runtime from ``BACKENDS``) or upstream
+eager (Meta's ``sam2`` modules with the same weights). ``run_bench`` loads every subject
+(timed, one after another, each followed by its warm-up rounds), then runs the timed rounds
+interleaved: round r times every subject once, in an order rotated by r, so slow drifts of
+the machine (other jobs, heat) hit all subjects alike.
+
+One round of a subject = encode one real photo (1x3xSxS, astronaut) + decode ``clicks``
+prompts on it (point, point+negative, box, box+point, ...). ``first_click_ms`` of a round =
+its encode + its first decode. Memory: ``peak_rss_mb`` is the process's high-water mark
+(VmHWM, reset before each subject's load where the kernel allows) after load + warm-up;
+``rss_delta_mb`` is how much that subject added to the process.
+
+Compute bound: model FLOPs (``torch.utils.flop_counter``, the eager model at the subject's
+resolution) / fp32 GEMM throughput measured here (2048^3 ``torch.mm``, same thread count).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import inspect
+import os
+import platform
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sam2edge
+from sam2edge.checks.fidelity import click_set, photo
+from sam2edge.checks.verify import bundle_config, model_prompt, open_backend, reference_weights
+from sam2edge.config import HIERA_TINY, Sam2Config
+from sam2edge.export.bundle import load_card, write_json
+from sam2edge.progress import Progress, stage
+from sam2edge.runtime.preprocess import preprocess
+
+UPSTREAM = "upstream-eager"
+BENCH_PHOTO = "astronaut.png"
+# runtime (card.json target) -> the package whose version identifies it
+RUNTIME_PACKAGES: dict[str, str] = {
+    "litert": "ai-edge-litert",
+    "onnx": "onnxruntime",
+    "executorch": "executorch",
+    "executorch-webgpu": "executorch",
+    UPSTREAM: "sam2",
+}
+# keyword a backend's ``from_bundle`` takes for its thread count (first one present is used)
+THREAD_KWARGS = ("threads", "num_threads")
+
+
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or "unknown"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MB, from /proc (ru_maxrss where /proc is absent)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        cur = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+        return cur, peak
+    except (OSError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak, peak
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def stats(samples: list[float]) -> dict:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "mean": statistics.fmean(samples),
+        "n": len(samples),
+        "samples": [round(s, 3) for s in samples],
+    }
+
+
+@dataclass
+class Subject:
+    """One timed runner and what it measured. Times in ms, load in s."""
+
+    label: str
+    runtime: str
+    runner: object
+    cfg: Sam2Config
+    bundle: dict | None
+    precision: str
+    threads_applied: bool
+    load_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    rss_delta_mb: float = 0.0
+    encoder_ms: list[float] = field(default_factory=list)
+    decoder_ms: list[float] = field(default_factory=list)
+    first_click_ms: list[float] = field(default_factory=list)
+    inputs: tuple = ()
+
+
+def _prompts(cfg: Sam2Config, clicks: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    img = photo(BENCH_PHOTO)
+    x = preprocess(img, cfg.image_size).numpy()  # 1x3xSxS
+    prompts = [model_prompt(p, img.shape[:2], cfg.image_size) for p in click_set(clicks, photos=(BENCH_PHOTO,))]
+    return x, prompts
+
+
+def _timed_load(make) -> tuple[object, float, float]:
+    """-> (runner, load seconds, RSS MB before loading); the peak RSS is reset first."""
+    reset_peak_rss()
+    before, _ = rss_mb()
+    t0 = time.perf_counter()
+    runner = make()
+    return runner, time.perf_counter() - t0, before
+
+
+def open_bundle_subject(folder: str | Path, threads: int) -> Subject:
+    """Load a bundle's runtime (timed), passing ``threads`` if its ``from_bundle`` takes a thread count."""
+    folder = Path(folder)
+    card = load_card(folder)
+    cfg = bundle_config(card)
+    from sam2edge.runtime.backends import BACKENDS
+
+    cls = BACKENDS.get(card["target"])
+    params = inspect.signature(cls.from_bundle).parameters if cls is not None else {}
+    kw = next(({k: threads} for k in THREAD_KWARGS if k in params), {})
+    runner, load_s, before = _timed_load(lambda: open_backend(folder, card, **kw))
+    bundle = {
+        "path": str(folder),
+        "target": card["target"],
+        "precision": card["precision"],
+        "resolution": card["resolution"],
+        "config": card["config"],
+        "status": card["status"],
+        "artifacts": {a["file"]: a["sha256"] for a in card["artifacts"]},
+    }
+    s = Subject(
+        f"{card['target']} {card['precision']} {card['resolution']}",
+        card["target"],
+        runner,
+        cfg,
+        bundle,
+        card["precision"],
+        bool(kw),
+        load_s=load_s,
+    )
+    s.rss_delta_mb = before  # finished by warm_up
+    return s
+
+
+def open_upstream_subject(cfg: Sam2Config, checkpoint: str | None, card: dict | None = None) -> Subject:
+    """Upstream eager with the weights of ``checkpoint`` (or of ``card``'s recorded source); load timed
+    from the in-memory state dict (module build + load_state_dict)."""
+    from sam2edge.checks.upstream import UpstreamRunner, upstream_from_state_dict
+    from sam2edge.weights import load_weights
+
+    sd, _ = reference_weights(card, cfg, checkpoint) if card is not None else load_weights(checkpoint, cfg)
+    runner, load_s, before = _timed_load(lambda: UpstreamRunner(upstream_from_state_dict(sd, cfg), cfg))
+    s = Subject(f"{UPSTREAM} fp32 {cfg.image_size}", UPSTREAM, runner, cfg, None, "fp32", True, load_s=load_s)
+    s.rss_delta_mb = before
+    return s
+
+
+def _round(s: Subject) -> tuple[float, list[float]]:
+    x, prompts = s.inputs
+    t0 = time.perf_counter()
+    feats = s.runner.encode(x)
+    enc = (time.perf_counter() - t0) * 1e3
+    decs = []
+    for coords, labels in prompts:
+        t0 = time.perf_counter()
+        s.runner.decode(feats, coords, labels, None)
+        decs.append((time.perf_counter() - t0) * 1e3)
+    return enc, decs
+
+
+def warm_up(s: Subject, warmup: int, clicks: int) -> None:
+    s.inputs = _prompts(s.cfg, clicks)
+    for _ in range(warmup):
+        _round(s)
+    cur, peak = rss_mb()
+    s.peak_rss_mb = peak
+    s.rss_delta_mb = max(peak, cur) - s.rss_delta_mb
+
+
+def time_rounds(subjects: list[Subject], runs: int) -> None:
+    """``runs`` timed rounds, every subject once per round, order rotated each round."""
+    bar = Progress("bench: timed rounds", runs * len(subjects))
+    for r in range(runs):
+        k = r % len(subjects)
+        for s in subjects[k:] + subjects[:k]:
+            enc, decs = _round(s)
+            s.encoder_ms.append(enc)
+            s.decoder_ms.extend(decs)
+            s.first_click_ms.append(enc + decs[0])
+            bar.step(note=s.label)
+
+
+def model_flops(cfg: Sam2Config) -> dict[str, float]:
+    """FLOPs of one encode and of one single-click decode (prompt encoder + mask decoder), eager model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sam2edge.model import UPSTREAM as UPSTREAM_OPS
+    from sam2edge.model import build_sam2
+
+    model = build_sam2(cfg, UPSTREAM_OPS)
+    x = torch.zeros(1, 3, cfg.image_size, cfg.image_size)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as enc:
+            feats = model.encode_image(x)
+        with FlopCounterMode(display=False) as dec:
+            pe = model.sam_prompt_encoder
+            sparse = pe.embed_points(torch.tensor([[[100.0, 100.0], [0.0, 0.0]]]), torch.tensor([[1.0, -1.0]]))
+            model.decode(*feats, sparse, pe.no_mask_dense)
+    return {"encoder_gflop": enc.get_total_flops() / 1e9, "decoder_gflop": dec.get_total_flops() / 1e9}
+
+
+def gemm_gflops(threads: int, n: int = 2048, runs: int = 5) -> float:
+    """Median fp32 GEMM throughput (torch.mm n x n x n) at ``threads`` threads, GFLOP/s."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - t0)
+        return 2 * n**3 / statistics.median(times) / 1e9
+    finally:
+        torch.set_num_threads(old)
+
+
+def compute_bound(cfg: Sam2Config, gflops: float) -> dict[str, float]:
+    f = model_flops(cfg)
+    return f | {
+        "gemm_gflops": gflops,
+        "encoder_bound_ms": f["encoder_gflop"] / gflops * 1e3,
+        "decoder_bound_ms": f["decoder_gflop"] / gflops * 1e3,
+    }
+
+
+def loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def run_bench(
+    bundles: list[str | Path],
+    *,
+    upstream: bool,
+    threads: int,
+    runs: int,
+    warmup: int,
+    clicks: int,
+    upstream_cfg: Sam2Config | None = None,
+    upstream_checkpoint: str | None = None,
+    bound: bool = False,
+) -> dict:
+    """Load, warm up and time every subject (interleaved); -> {session, subjects: [records], bound}."""
+    for b in bundles:  # every card valid before anything is loaded
+        load_card(Path(b))
+    torch.set_num_threads(threads)
+    load_before = loadavg()
+    subjects = []
+    for b in bundles:
+        stage(f"load {b}")
+        s = open_bundle_subject(b, threads)
+        stage(f"warm up {s.label} ({warmup} round(s))")
+        warm_up(s, warmup, clicks)
+        subjects.append(s)
+    if upstream:
+        # same weights and resolution as the first bundle unless given
+        card = load_card(Path(bundles[0])) if bundles and upstream_checkpoint is None else None
+        cfg = upstream_cfg or (subjects[0].cfg if subjects else HIERA_TINY)
+        stage(f"load upstream eager ({cfg.image_size}px)")
+        s = open_upstream_subject(cfg, upstream_checkpoint, card)
+        stage(f"warm up {s.label} ({warmup} round(s))")
+        warm_up(s, warmup, clicks)
+        subjects.append(s)
+    time_rounds(subjects, runs)
+    bounds = {}
+    if bound:
+        stage("compute bound: model FLOPs and GEMM throughput")
+        g = gemm_gflops(threads)
+        for s in subjects:
+            if s.cfg not in bounds:
+                bounds[s.cfg] = compute_bound(s.cfg, g)
+    now = _dt.datetime.now(_dt.UTC)
+    session = f"{now.strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+    env = {"machine": machine(), "loadavg_1m_start": load_before, "loadavg_1m_end": loadavg()}
+    records = [to_record(s, threads, runs, warmup, clicks, session, now, env, bounds.get(s.cfg)) for s in subjects]
+    add_ratios(records)
+    return {"session": session, "records": records}
+
+
+def to_record(s: Subject, threads, runs, warmup, clicks, session, now, env, bound) -> dict:
+    """The JSON record of one subject's run (schema 1, provenance measured)."""
+    pkg = RUNTIME_PACKAGES.get(s.runtime)
+    rec = {
+        "schema": 1,
+        "kind": "bench",
+        "provenance": "measured",
+        "subject": s.label,
+        "runtime": s.runtime,
+        "runtime_version": f"{pkg} {package_version(pkg)}" if pkg else "unknown",
+        "version": f"sam2edge {sam2edge.__version__}",
+        "precision": s.precision,
+        "resolution": s.cfg.image_size,
+        "bundle": s.bundle,
+        "machine": env["machine"],
+        "threads": threads,
+        "threads_applied": s.threads_applied,
+        "date": now.strftime("%Y-%m-%d"),
+        "time": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "session": session,
+        "runs": runs,
+        "warmup": warmup,
+        "clicks_per_run": clicks,
+        "loadavg_1m_start": env["loadavg_1m_start"],
+        "loadavg_1m_end": env["loadavg_1m_end"],
+        "load_s": s.load_s,
+        "peak_rss_mb": s.peak_rss_mb,
+        "rss_delta_mb": s.rss_delta_mb,
+        "encoder_ms": stats(s.encoder_ms),
+        "decoder_ms": stats(s.decoder_ms),
+        "first_click_ms": stats(s.first_click_ms),
+    }
+    if bound:
+        rec["compute_bound"] = bound
+    return rec
+
+
+def add_ratios(records: list[dict]) -> None:
+    """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
+    ups = {r["resolution"]: r for r in records if r["runtime"] == UPSTREAM}
+    for r in records:
+        ratios = {}
+        up = ups.get(r["resolution"])
+        if up is not None:
+            for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
+                ratios[f"{key[:-3]}_vs_upstream"] = r[key]["median"] / up[key]["median"]
+        if "compute_bound" in r:
+            b = r["compute_bound"]
+            ratios["encoder_vs_bound"] = r["encoder_ms"]["median"] / b["encoder_bound_ms"]
+            ratios["decoder_vs_bound"] = r["decoder_ms"]["median"] / b["decoder_bound_ms"]
+        if ratios:
+            r["ratios"] = ratios
+
+
+def record_name(rec: dict) -> str:
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", rec["subject"]).strip("-")
+    return f"{rec['date']}/{slug}__{rec['session']}.json"
+
+
+def write_records(records: list[dict], folder: str | Path) -> list[Path]:
+    """One JSON file per record: ``folder/<date>/<subject>__<session>.json``."""
+    out = []
+    for rec in records:
+        p = Path(folder) / record_name(rec)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_json(p, rec)
+        out.append(p)
+    return out
+
+
+def format_table(records: list[dict]) -> str:
+    """Plain-text table: medians (and min-max) per subject, ratios when present."""
+    head = (
+        f"{'subject':<28} {'load s':>7} {'encoder ms p50 (min-max)':>26} {'decoder ms p50 (min-max)':>26}"
+        f" {'1st click ms':>12} {'peak RSS MB':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        e, d, f = r["encoder_ms"], r["decoder_ms"], r["first_click_ms"]
+        lines.append(
+            f"{r['subject']:<28} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
+            f" {r['peak_rss_mb']:>11.0f}"
+        )
+    if any("ratios" in r for r in records):
+        lines += ["", f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
+                  f" {'enc/bound':>10} {'dec/bound':>10}"]
+        for r in records:
+            q = r.get("ratios", {})
+            cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
+            cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
+            lines.append(
+                f"{r['subject']:<28} " + " ".join(f"{_x(c):>12}" for c in cells) + " "
+                + " ".join(f"{_x(c):>10}" for c in cells2)
+            )
+        b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
+        if b:
+            lines.append(
+                f"compute bound: encoder {b['encoder_gflop']:.1f} GFLOP, decoder {b['decoder_gflop']:.2f} GFLOP"
+                f" at {b['gemm_gflops']:.0f} GFLOP/s (fp32 GEMM here) -> {b['encoder_bound_ms']:.0f} ms,"
+                f" {b['decoder_bound_ms']:.1f} ms"
+            )
+    return "\n".join(lines)
+
+
+def _mm(s: dict) -> str:
+    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
