@@ -1,0 +1,387 @@
+"""ONNX export: build -> convert (fp32 | fp16 weights, fp32 I/O) -> optimise -> verify -> bundle.
+
+Files (single self-contained .onnx each, no external data, opset ``OPSET``, standard ONNX ops only):
+  encoder.onnx  ``EncoderGraph``: image 1x3xSxS -> image_embeddings, feat_s0, feat_s1
+  decoder.onnx  ``PointDecoderGraph`` (prompt encoder inside), dynamic num_points N; I/O in
+                ``sam2edge.runtime.onnx_backend``'s module docstring.
+Both carry ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
+
+fp16: every weight and activation of the encoder and the mask decoder is fp16; the decoder's prompt
+encoder (coordinates up to S need more than fp16's 11 bits) stays fp32; I/O stays fp32.
+
+Graph optimisation: onnxruntime's offline BASIC level (constant folding, redundant-node removal;
+output stays standard ONNX, so TensorRT / OpenVINO / onnxruntime-web can read it); the optimised graph
+is checked against the unoptimised one on the same inputs before it is kept.
+
+Verification (fidelity.json): per-output cosine / correlation / max-abs vs the eager fp32 model with
+upstream's operations, and end-to-end mask IoU over ``CLICKS`` prompts on real photos.
+Bars: fp32 cosine >= ``FP32_COSINE`` on every output; every precision: worst IoU >= ``IOU_BAR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from sam2edge.config import Sam2Config, get_config
+from sam2edge.errors import UserError
+from sam2edge.export.bundle import finalize_bundle
+from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
+from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.progress import Progress, stage
+from sam2edge.runtime import onnx_backend as ob
+from sam2edge.runtime.preprocess import MEAN, STD
+
+OPSET = 17  # LayerNormalization is a single standard op from 17 on
+# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively
+ONNX_REWRITES = Rewrites(attention_rank=4, attention_impl="math", transposed_conv="native", layer_norm="native")
+PRECISIONS = ("fp32", "fp16")
+FP32_COSINE, IOU_BAR, CLICKS = 0.99999, 0.99, 40
+# optimised vs unoptimised graph, per output: fp32 to ~1e-7, fp16 within its own rounding (~1e-3 relative)
+OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.99999}
+LABEL_MEANING = "1 foreground, 0 background, 2 box top-left, 3 box bottom-right, -1 not-a-point pad, -2 ignored slot"
+
+
+class HalfEncoderGraph(nn.Module):
+    """``EncoderGraph`` with fp16 weights and activations; image in and features out stay fp32."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.graph = EncoderGraph(copy.deepcopy(model).half())
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(o.float() for o in self.graph(image.half()))
+
+
+class HalfPointDecoderGraph(nn.Module):
+    """``PointDecoderGraph`` with the mask decoder in fp16 and the prompt encoder in fp32 (same I/O)."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.prompt = copy.deepcopy(model.sam_prompt_encoder).float()
+        self.fp16 = copy.deepcopy(model).half()
+
+    def forward(self, image_embeddings, feat_s0, feat_s1, point_coords, point_labels, mask_input, has_mask_input):
+        pe = self.prompt
+        valid = (point_labels != -2).to(torch.float16)  # (1, N)
+        sparse = pe.embed_points(point_coords, point_labels)  # (1, N, C) fp32
+        has = has_mask_input.reshape(1, 1, 1, 1)
+        dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense  # (1, C, e, e)
+        feats = (image_embeddings.half(), feat_s0.half(), feat_s1.half())
+        masks, iou, obj = (o.float() for o in self.fp16.decode(*feats, sparse.half(), dense.half(), valid))
+        dec = self.fp16.sam_mask_decoder  # answer selection in fp32: stability counts must be exact
+        return (*dec.multimask(masks, iou), *dec.single_mask(masks, iou), obj)
+
+
+GRAPHS = {"fp32": (EncoderGraph, PointDecoderGraph), "fp16": (HalfEncoderGraph, HalfPointDecoderGraph)}
+
+
+def example_inputs(cfg: Sam2Config) -> tuple[tuple[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Tracing inputs: (image,), (features..., 3 prompt points, a mask input, has_mask_input)."""
+    s, e, c = cfg.image_size, cfg.image_embedding_size, cfg.d_model
+    g = torch.Generator().manual_seed(0)
+    image = torch.randn(1, 3, s, s, generator=g)
+    feats = (
+        torch.randn(1, c, e, e, generator=g),
+        torch.randn(1, c // 8, 4 * e, 4 * e, generator=g),
+        torch.randn(1, c // 4, 2 * e, 2 * e, generator=g),
+    )
+    coords = torch.rand(1, 3, 2, generator=g) * s
+    labels = torch.tensor([[1.0, 0.0, -1.0]])
+    return (image,), (*feats, coords, labels, torch.randn(1, 1, 4 * e, 4 * e, generator=g), torch.ones(1))
+
+
+def convert(model: Sam2ImageModel, precision: str, folder: Path) -> dict[str, Path]:
+    """Trace the two graphs to ``folder/raw_{encoder,decoder}.onnx`` (legacy TorchScript exporter: fast, exact)."""
+    enc_cls, dec_cls = GRAPHS[precision]
+    enc_in, dec_in = example_inputs(model.cfg)
+    n = {1: "num_points"}
+    jobs = {
+        "encoder": (enc_cls(model), enc_in, ob.ENCODER_INPUTS, ob.ENCODER_OUTPUTS, {}),
+        "decoder": (
+            dec_cls(model),
+            dec_in,
+            ob.DECODER_INPUTS,
+            ob.DECODER_OUTPUTS,
+            {"point_coords": n, "point_labels": n},
+        ),
+    }
+    out = {}
+    for role, (module, args, names_in, names_out, dynamic) in jobs.items():
+        path = folder / f"raw_{role}.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module.eval(),
+                args,
+                str(path),
+                dynamo=False,
+                opset_version=OPSET,
+                do_constant_folding=True,
+                input_names=list(names_in),
+                output_names=list(names_out),
+                dynamic_axes=dynamic,
+            )
+        out[role] = path
+    return out
+
+
+def optimize(src: Path, dst: Path) -> dict:
+    """onnxruntime offline BASIC optimisation of ``src`` into ``dst``; node counts before / after."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(dst)
+    so.log_severity_level = 3
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    before, after = onnx.load(str(src), load_external_data=False), onnx.load(str(dst), load_external_data=False)
+    domains = sorted({n.domain for n in after.graph.node if n.domain not in ("", "ai.onnx")})
+    if domains:
+        raise RuntimeError(f"optimised graph {dst} uses non-standard op domains {domains}")
+    return {
+        "level": "onnxruntime BASIC (offline)",
+        "nodes_before": len(before.graph.node),
+        "nodes_after": len(after.graph.node),
+    }
+
+
+def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[str, str]:
+    """metadata_props of each .onnx: identity, provenance, preprocessing and prompt conventions."""
+    from sam2edge import __version__
+
+    s = cfg.image_size
+    return {
+        "model_id": "sam2.1-hiera-tiny",
+        "role": role,
+        "precision": f"{precision} weights, fp32 inputs and outputs",
+        "resolution": str(s),
+        "checkpoint": str(source.get("checkpoint")),
+        "checkpoint_sha256": str(source.get("sha256") or "none (synthetic checkpoint: masks are meaningless)"),
+        "preprocessing": json.dumps(
+            {
+                "color": "RGB",
+                "resize": [s, s],
+                "interpolation": "bilinear, antialiased, aspect not kept",
+                "scale": 1 / 255,
+                "mean": list(MEAN),
+                "std": list(STD),
+                "layout": "NCHW float32",
+            }
+        ),
+        "point_coords": f"(X, Y) in model-input pixels of the {s}x{s} resized image: x_orig / W * {s}",
+        "point_labels": LABEL_MEANING,
+        "prompt_layout": "box corners (2, 3), then points, then one pad point (-1 at 0,0), as upstream",
+        "outputs": "masks 1x3 logits, iou_scores, single_mask 1x1 (SAM 2.1 dynamic), single_iou, object_score",
+        "producer": f"sam2edge {__version__}",
+    }
+
+
+def finish(src: Path, dst: Path, props: dict[str, str]) -> None:
+    """Attach ``props`` as metadata_props, save ``dst`` as one file and run the full onnx checker."""
+    import onnx
+
+    m = onnx.load(str(src))
+    del m.metadata_props[:]
+    for k, v in props.items():
+        m.metadata_props.add(key=k, value=v)
+    m.producer_name, m.doc_string = "sam2edge", f"SAM 2.1 Hiera-Tiny {props['role']} ({props['precision']})"
+    onnx.save(m, str(dst), save_as_external_data=False)
+    onnx.checker.check_model(str(dst), full_check=True)
+
+
+def _prompts(cfg: Sam2Config) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """Decoder probe prompts (model-input px): 1 point+pad, 2 points+pad, box+pad, box+point+pad, point+mask."""
+    s, side = cfg.image_size, 4 * cfg.image_embedding_size
+    rng = np.random.default_rng(0)
+    pts = rng.uniform(0.1 * s, 0.9 * s, size=(4, 2)).astype(np.float32)
+    box = np.array([[0.2 * s, 0.25 * s], [0.7 * s, 0.8 * s]], np.float32)
+    pad = np.zeros((1, 2), np.float32)
+    mask = (rng.standard_normal((1, 1, side, side)) * 4).astype(np.float32)
+    rows = [
+        (np.concatenate([pts[:1], pad]), [1, -1], None),
+        (np.concatenate([pts[:2], pad]), [1, 0, -1], None),
+        (np.concatenate([box, pad]), [2, 3, -1], None),
+        (np.concatenate([box, pts[2:3], pad]), [2, 3, 1, -1], None),
+        (np.concatenate([pts[3:4], pad]), [1, -1], mask),
+    ]
+    return [(c[None], np.array([lab], np.float32), m) for c, lab, m in rows]
+
+
+def _worst(rows: list[dict]) -> dict[str, float]:
+    """Worst over probes; correlation is left out for one-number outputs (it is undefined there)."""
+    if "correlation" not in rows[0]:
+        return {"cosine": min(r["cosine"] for r in rows), "max_abs": max(r["max_abs"] for r in rows)}
+    return {
+        "cosine": min(r["cosine"] for r in rows),
+        "correlation": min(r["correlation"] for r in rows),
+        "max_abs": max(r["max_abs"] for r in rows),
+    }
+
+
+def compare_backends(test, ref, cfg: Sam2Config) -> dict[str, dict[str, float]]:
+    """Per-output agreement of two backends on a real photo: encoder outputs, then decoder outputs
+    fed the *reference* features (so decoder error is not mixed with encoder error), worst over probes."""
+    from sam2edge.checks.fidelity import compare, photo
+    from sam2edge.runtime.preprocess import preprocess
+
+    x = preprocess(photo("astronaut.png"), cfg.image_size).numpy()
+    ft, fr = test.encode(x), ref.encode(x)
+    out = {
+        n: compare(getattr(ft, a), getattr(fr, a))
+        for n, a in zip(ob.ENCODER_OUTPUTS, ("image_embed", "feat_s0", "feat_s1"))
+    }
+    rows: dict[str, list[dict]] = {n: [] for n in ob.DECODER_OUTPUTS}
+    for coords, labels, mask in _prompts(cfg):
+        dt, dr = test.decode(fr, coords, labels, mask), ref.decode(fr, coords, labels, mask)
+        for n, a in zip(ob.DECODER_OUTPUTS, ("masks", "iou", "single_mask", "single_iou", "object_score")):
+            row = compare(getattr(dt, a), getattr(dr, a))
+            rows[n].append({k: v for k, v in row.items() if k != "correlation" or getattr(dr, a).size > 1})
+    out.update({n: _worst(r) for n, r in rows.items()})
+    return out
+
+
+def verify(
+    enc: Path, dec: Path, sd: dict, cfg: Sam2Config, precision: str, clicks: int = CLICKS
+) -> tuple[dict, list[str]]:
+    """fidelity dict and the list of failed bars (empty = shippable)."""
+    from sam2edge.checks.fidelity import click_set, end_to_end
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    ref = EagerBackend.from_state_dict(sd, cfg)  # upstream's operations, fp32
+    test = ob.OnnxBackend.from_files(enc, dec, cfg)
+    per_output = compare_backends(test, ref, cfg)
+    prompts = sorted(click_set(clicks), key=lambda p: p.photo)  # grouped: one encode per photo
+    bar = Progress("end-to-end clicks", clicks)
+    e2e = end_to_end(Sam2Predictor(ref), Sam2Predictor(test), prompts, lambda i, n: bar.step())
+    failed = [
+        f"{k} cosine {v['cosine']:.7f} < {FP32_COSINE}"
+        for k, v in per_output.items()
+        if precision == "fp32" and v["cosine"] < FP32_COSINE
+    ]
+    if e2e["iou_worst"] < IOU_BAR:
+        failed.append(f"end-to-end worst mask IoU {e2e['iou_worst']:.4f} < {IOU_BAR}")
+    fid = {
+        "reference": "eager fp32, upstream operations (sam2edge EagerBackend)",
+        "precision": precision,
+        "per_output": per_output,
+        "end_to_end": e2e,
+        "bars": {"fp32_cosine_min": FP32_COSINE if precision == "fp32" else None, "iou_worst_min": IOU_BAR},
+        "passed": not failed,
+    }
+    return fid, failed
+
+
+def check_optimization(raw: dict[str, Path], opt: dict[str, Path], cfg: Sam2Config, precision: str) -> dict:
+    """Optimised vs unoptimised graphs (both in onnxruntime with no further optimisation), per output."""
+    a = ob.OnnxBackend(*(ob.make_session(raw[r], optimize=False) for r in ("encoder", "decoder")), cfg)
+    b = ob.OnnxBackend(*(ob.make_session(opt[r], optimize=False) for r in ("encoder", "decoder")), cfg)
+    res = compare_backends(b, a, cfg)
+    bad = [k for k, v in res.items() if v["cosine"] < OPT_COSINE[precision]]
+    if bad:
+        raise RuntimeError(f"graph optimisation changed outputs {bad}: {res}")
+    return res
+
+
+def export_onnx(
+    sd: dict,
+    source: dict,
+    cfg: Sam2Config,
+    config_name: str,
+    precision: str,
+    out: Path,
+    command: str,
+    force: bool = False,
+    clicks: int = CLICKS,
+) -> dict:
+    """Build, convert, optimise, verify and write the bundle at ``out`` (atomically). Returns the card."""
+    from sam2edge.io import atomic_dir
+
+    if precision not in PRECISIONS:
+        raise UserError(f"ONNX export supports --precision {' or '.join(PRECISIONS)}, not {precision!r}")
+    model = build_sam2(cfg, ONNX_REWRITES)
+    model.load_state_dict(sd, strict=True)
+    with atomic_dir(out) as tmp:
+        work = tmp / ".work"
+        work.mkdir()
+        stage(f"tracing encoder + decoder ({precision}, {cfg.image_size}px) to ONNX opset {OPSET}")
+        raw = convert(model, precision, work)
+        stage("optimising graphs (onnxruntime BASIC) and checking they compute the same")
+        opt = {r: work / f"opt_{r}.onnx" for r in raw}
+        census = {r: optimize(raw[r], opt[r]) for r in raw}
+        opt_check = check_optimization(raw, opt, cfg, precision)
+        files = {"encoder": tmp / ob.ENCODER_FILE, "decoder": tmp / ob.DECODER_FILE}
+        for r in raw:
+            finish(opt[r], files[r], metadata(cfg, precision, source, r))
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+        stage(f"verifying against eager fp32 ({clicks} clicks on real photos)")
+        fid, failed = verify(files["encoder"], files["decoder"], sd, cfg, precision, clicks)
+        fid["optimization"] = {"graphs": census, "optimized_vs_unoptimized": opt_check}
+        if failed and not force:
+            raise UserError(
+                f"ONNX {precision} export fails its accuracy bar ({'; '.join(failed)}); "
+                "--force writes it with status 'rejected'"
+            )
+        extra = {
+            "opset": OPSET,
+            "inputs": {"encoder": list(ob.ENCODER_INPUTS), "decoder": list(ob.DECODER_INPUTS)},
+            "outputs": {"encoder": list(ob.ENCODER_OUTPUTS), "decoder": list(ob.DECODER_OUTPUTS)},
+            "dynamic": {"num_points": "point_coords dim 1, point_labels dim 1"},
+            "point_labels": LABEL_MEANING,
+            "rewrites": vars(ONNX_REWRITES).copy(),
+            "failed_bars": failed,
+        }
+        return finalize_bundle(
+            tmp,
+            target="onnx",
+            precision=precision,
+            resolution=cfg.image_size,
+            config=config_name,
+            source=source,
+            command=command,
+            artifacts={ob.ENCODER_FILE: "encoder", ob.DECODER_FILE: "decoder"},
+            fidelity=fid,
+            status="rejected" if failed else "shippable",
+            extra=extra,
+        )
+
+
+def export_from_args(args: argparse.Namespace) -> int:
+    """``sam2edge export --target onnx``: see ``sam2edge.cli.export`` for the arguments."""
+    from sam2edge.weights import SYNTHETIC, load_weights
+
+    if args.precision not in PRECISIONS:
+        raise UserError(f"ONNX export supports --precision {' or '.join(PRECISIONS)}, not {args.precision!r}")
+    cfg = get_config(args.config)
+    if args.resolution is not None:
+        cfg = cfg.at_resolution(args.resolution)
+    sd, source = load_weights(args.checkpoint, cfg)
+    if source["checkpoint"] == SYNTHETIC:
+        print(
+            "WARNING: no --checkpoint given; exporting the deterministic SYNTHETIC checkpoint (meaningless masks)",
+            file=sys.stderr,
+        )
+    card = export_onnx(sd, source, cfg, args.config, args.precision, Path(args.out), args.command_line, args.force)
+    fid = card["fidelity"]
+    worst_cos = min(v["cosine"] for v in fid["per_output"].values())
+    sizes = ", ".join(f"{a['file']} {a['bytes'] / 1e6:.1f} MB" for a in card["artifacts"])
+    print(f"bundle:  {Path(args.out).resolve()} ({card['status']})")
+    print(f"files:   {sizes}")
+    print(
+        f"fidelity: worst per-output cosine {worst_cos:.7f}; end-to-end mask IoU worst "
+        f"{fid['end_to_end']['iou_worst']:.4f} median {fid['end_to_end']['iou_median']:.4f} "
+        f"over {fid['end_to_end']['clicks']} clicks"
+    )
+    return 0

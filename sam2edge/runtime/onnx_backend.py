@@ -1,0 +1,198 @@
+"""ONNX Runtime backend: ``encoder.onnx`` + ``decoder.onnx`` of an ONNX bundle behind the backend API.
+
+Graph contract (fp32 I/O for every precision; S = image size, e = S/16):
+  encoder.onnx  image 1x3xSxS (ImageNet-normalised RGB, NCHW)
+                -> image_embeddings 1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e
+  decoder.onnx  image_embeddings, feat_s0, feat_s1, point_coords 1xNx2 (X, Y) model-input pixels
+                (dynamic N), point_labels 1xN (1 fg, 0 bg, 2/3 box corners, -1 pad, -2 ignored slot),
+                mask_input 1x1x4ex4e logits, has_mask_input (1,) 0 or 1
+                -> masks 1x3x4ex4e, iou_scores 1x3, single_mask 1x1x4ex4e, single_iou 1x1, object_score 1x1
+
+Execution providers: CPU by default. ``providers=`` (or the environment variable
+``SAM2EDGE_ORT_PROVIDERS``, comma-separated, e.g. ``CUDAExecutionProvider,CPUExecutionProvider``)
+selects any provider the installed onnxruntime has; ``threads=`` (or ``SAM2EDGE_ORT_THREADS``) sets
+intra-op threads (0 = onnxruntime's default). Every bad input is a one-line ``UserError``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sam2edge.config import Sam2Config, get_config
+from sam2edge.errors import UserError
+from sam2edge.export.bundle import load_card, sha256_bytes
+from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+ENCODER_INPUTS = ("image",)
+ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")
+DECODER_INPUTS = (
+    "image_embeddings",
+    "feat_s0",
+    "feat_s1",
+    "point_coords",
+    "point_labels",
+    "mask_input",
+    "has_mask_input",
+)
+DECODER_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+LABELS = (-2.0, -1.0, 0.0, 1.0, 2.0, 3.0)  # ignored slot, pad, bg, fg, box top-left, box bottom-right
+IGNORED_SLOT = -2.0
+PROVIDERS_ENV, THREADS_ENV = "SAM2EDGE_ORT_PROVIDERS", "SAM2EDGE_ORT_THREADS"
+DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
+
+
+def resolve_providers(providers: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """Explicit list, else ``$SAM2EDGE_ORT_PROVIDERS``, else CPU; each must exist in this onnxruntime."""
+    import onnxruntime as ort
+
+    if providers is None:
+        env = os.environ.get(PROVIDERS_ENV, "").strip()
+        providers = [p.strip() for p in env.split(",") if p.strip()] if env else list(DEFAULT_PROVIDERS)
+    available = ort.get_available_providers()
+    missing = [p for p in providers if p not in available]
+    if missing or not providers:
+        raise UserError(
+            f"onnxruntime provider(s) {missing or providers} not available here; this onnxruntime has {available}"
+            f" (set {PROVIDERS_ENV} to a comma-separated subset)"
+        )
+    return list(providers)
+
+
+def resolve_threads(threads: int | None = None) -> int:
+    """Explicit count, else ``$SAM2EDGE_ORT_THREADS``, else 0 (onnxruntime's default)."""
+    if threads is None:
+        env = os.environ.get(THREADS_ENV, "").strip()
+        try:
+            threads = int(env) if env else 0
+        except ValueError:
+            raise UserError(f"{THREADS_ENV}={env!r} is not a whole number; set it to e.g. 2, or unset it") from None
+    if threads < 0:
+        raise UserError(f"thread count {threads} is negative; use 0 (onnxruntime's default) or more")
+    return threads
+
+
+def make_session(
+    path: str | Path, providers: list[str] | None = None, threads: int | None = None, optimize: bool = True
+):
+    """An onnxruntime InferenceSession for ``path``; a missing or corrupt file is a one-line UserError."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; re-export the bundle with `sam2edge export --target onnx`")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = resolve_threads(threads)
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    provs = resolve_providers(providers)
+    try:
+        return ort.InferenceSession(str(path), so, providers=provs)
+    except Exception as e:  # noqa: BLE001 - any load failure is a bad file to the user
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise UserError(
+            f"cannot load {path}: {reason}; the file is corrupt or not ONNX, re-export the bundle"
+        ) from None
+
+
+def _check_array(name: str, a: object, shape: tuple[int | None, ...], dtypes: tuple[type, ...] = (np.float32,)) -> None:
+    """Raise a one-line UserError unless ``a`` is a numpy array of one of ``dtypes`` and ``shape`` (None = any)."""
+    if not isinstance(a, np.ndarray):
+        raise UserError(f"{name} must be a numpy array, got {type(a).__name__}")
+    want = "x".join("N" if s is None else str(s) for s in shape)
+    if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+        raise UserError(f"{name} must have shape {want}, got {'x'.join(map(str, a.shape)) or 'a scalar'}")
+    if not any(a.dtype == d for d in dtypes):
+        names = " or ".join(np.dtype(d).name for d in dtypes)
+        raise UserError(f"{name} must be {names}, got {a.dtype}; cast it with .astype(np.float32)")
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise UserError(f"{name} holds NaN or Inf values; pass finite numbers")
+
+
+class OnnxBackend:
+    """encoder.onnx + decoder.onnx run by onnxruntime; same calls and results as ``EagerBackend``."""
+
+    name = "onnx"
+
+    def __init__(self, encoder, decoder, cfg: Sam2Config) -> None:
+        self.encoder, self.decoder, self.cfg = encoder, decoder, cfg
+        self.providers = list(encoder.get_providers())
+        got_in = tuple(i.name for i in decoder.get_inputs())
+        got_enc = tuple(i.name for i in encoder.get_inputs())
+        if got_in != DECODER_INPUTS or got_enc != ENCODER_INPUTS:
+            raise UserError(
+                f"ONNX graphs have inputs {got_enc} / {got_in}, expected {ENCODER_INPUTS} / {DECODER_INPUTS}"
+            )
+
+    @classmethod
+    def from_files(
+        cls,
+        encoder: str | Path,
+        decoder: str | Path,
+        cfg: Sam2Config,
+        providers: list[str] | None = None,
+        threads: int | None = None,
+    ) -> OnnxBackend:
+        return cls(make_session(encoder, providers, threads), make_session(decoder, providers, threads), cfg)
+
+    @classmethod
+    def from_bundle(
+        cls, folder: str | Path, providers: list[str] | None = None, threads: int | None = None
+    ) -> OnnxBackend:
+        """Open an ONNX bundle; files are checked against card.json's SHA-256 before loading."""
+        folder = Path(folder)
+        card = load_card(folder)
+        by_role = {a.get("role"): a for a in card["artifacts"]}
+        paths = []
+        for role in ("encoder", "decoder"):
+            art = by_role.get(role)
+            if art is None:
+                raise UserError(f"{folder}/card.json lists no {role} artifact; re-export the bundle")
+            p = folder / art["file"]
+            if not p.is_file():
+                raise UserError(f"{p} is missing; re-export the bundle")
+            if sha256_bytes(p) != art["sha256"]:
+                raise UserError(
+                    f"{p} does not match its SHA-256 in card.json (corrupt or modified); re-export the bundle"
+                )
+            paths.append(p)
+        try:
+            cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
+        except ValueError as e:
+            raise UserError(f"{folder}/card.json: {e}") from None
+        return cls.from_files(paths[0], paths[1], cfg, providers, threads)
+
+    def encode(self, image: np.ndarray) -> Features:
+        """image 1x3xSxS float32, ImageNet-normalised -> decoder-ready features."""
+        s = self.cfg.image_size
+        _check_array("image", image, (1, 3, s, s))
+        emb, s0, s1 = self.encoder.run(list(ENCODER_OUTPUTS), {"image": np.ascontiguousarray(image)})
+        return Features(emb, s0, s1)
+
+    def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
+        """coords 1xNx2 (X, Y) model-input pixels, labels 1xN, mask_input 1x1x4ex4e logits or None."""
+        _check_array("point_coords", coords, (1, None, 2))
+        _check_array("point_labels", labels, (1, coords.shape[1]), (np.float32, np.int32, np.int64))
+        labels = labels.astype(np.float32)
+        if not np.isin(labels, LABELS).all():
+            raise UserError(
+                f"point_labels must be in {[int(v) for v in LABELS]}, got {sorted(set(labels.ravel().tolist()))}"
+            )
+        if coords.shape[1] == 0:  # mask-only prompt: one ignored slot equals the empty prompt
+            coords, labels = np.zeros((1, 1, 2), np.float32), np.full((1, 1), IGNORED_SLOT, np.float32)
+        side = 4 * self.cfg.image_embedding_size
+        if mask_input is None:
+            mask, has = np.zeros((1, 1, side, side), np.float32), np.zeros((1,), np.float32)
+        else:
+            _check_array("mask_input", mask_input, (1, 1, side, side))
+            mask, has = mask_input, np.ones((1,), np.float32)
+        feed = dict(zip(DECODER_INPUTS, (feats.image_embed, feats.feat_s0, feats.feat_s1, coords, labels, mask, has)))
+        feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()}
+        return Decoded(*self.decoder.run(list(DECODER_OUTPUTS), feed))
+
+
+BACKENDS["onnx"] = OnnxBackend
