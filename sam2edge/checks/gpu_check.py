@@ -1,0 +1,397 @@
+"""GPU check: LiteRT's real GPU delegate (ML Drift over WebGPU/Vulkan) on a software Vulkan device.
+
+For each .tflite file, two subprocesses (``gpu_worker``) run the same feeds (``gpu_feeds``):
+``CompiledModel`` with accelerator GPU (CPU fallback for rejected ops) and with CPU (XNNPACK). The
+GPU process gets an environment that points Vulkan at SwiftShader (``VK_ICD_FILENAMES``, from the
+Debian ``chromium`` package) and its stderr, the delegate's own log, is parsed for residency:
+
+  "Selected adapter: <device>, arch=..."                       -> the Vulkan device in use
+  "Following operations are not supported by GPU delegate:"    -> then one "OP: reason" line each
+  "N operations will run on the GPU, and the remaining M ..."  -> partial delegation (absent when all)
+  "Initializing WebGPU-based API from graph."                  -> one per GPU partition (delegate kernel)
+  "Validation error: ..."                                      -> Dawn refused a GPU object (e.g. a texture
+                                                                  above the device's 8192 limit): the delegate
+                                                                  still "runs" and returns zeros -> mismatch
+
+``is_fully_accelerated()`` is recorded but never trusted (it says True for partial graphs).
+Numerics GPU vs CPU per output (``fidelity.compare`` over all feeds stacked) and, for a decoder,
+mask IoU per click (candidate = CPU's argmax IoU for multimask clicks, else the single-mask output;
+low-res 4e x 4e logits thresholded at 0).
+
+Verdicts: ``failed`` (the GPU run crashed; the CPU run did not), ``mismatch`` (numerics outside BARS
+or a WebGPU validation error; takes precedence over placement), ``partial`` (an op on the CPU or more
+than one GPU partition), ``resident`` (all ops in one GPU partition, numerics within BARS), and
+``device-limit`` (all ops in one GPU partition, but the software device refused a texture above its
+size limit, so the GPU numerics cannot be measured here: SwiftShader's 8192 limit at 1024 px). A
+``device-limit`` file is recorded and reported, not refused: it says nothing against the graph, and
+nothing for it either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sam2edge.checks.fidelity import compare, mask_iou
+from sam2edge.checks.gpu_feeds import Feeds, build_feeds
+from sam2edge.errors import UserError
+
+ICD_CANDIDATES = ("/usr/lib/chromium/vk_swiftshader_icd.json", "/usr/lib/chromium-browser/vk_swiftshader_icd.json")
+ICD_ENV = "SAM2EDGE_VK_ICD"  # override: path of a Vulkan ICD json to use instead
+INSTALL_HINT = (
+    "install the Debian packages libvulkan1 and chromium (apt-get install -y libvulkan1 chromium; chromium ships "
+    "SwiftShader's Vulkan ICD at /usr/lib/chromium/vk_swiftshader_icd.json), or run scripts/setup.sh as root"
+)
+BARS = {"cosine_min": 0.9999, "mask_iou_worst_min": 0.99}
+DEFAULT_CLICKS = 20
+DEFAULT_TIMEOUT_S = 1800.0
+WORKER = Path(__file__).with_name("gpu_worker.py")
+WORKER_THREADS = 2  # XNNPACK threads (CPU reference and the GPU run's CPU fallback)
+
+_ADAPTER = re.compile(r"Selected adapter: (?P<name>.+?), arch=(?P<arch>[^,]*),.*backend=(?P<backend>[^,]*)")
+_SPLIT = re.compile(r"(?P<gpu>\d+) operations will run on the GPU, and the remaining (?P<cpu>\d+) operations")
+_NONE = re.compile(r"No operations will run on the GPU, and all (?P<cpu>\d+) operations")
+_REJECT_HEAD = "Following operations are not supported by GPU delegate:"
+_REJECT = re.compile(r"^(?P<op>[A-Z][A-Z0-9_]*): (?P<reason>.+)$")
+_PARTITION = "Initializing WebGPU-based API from graph."
+_VALIDATION = re.compile(r"Validation error: (?P<msg>.+)$")  # Dawn refused a GPU object: outputs undefined
+_TEXTURE_LIMIT = "exceeded maximum texture size"  # the device's limit, not the graph's fault
+MASK_OUTPUTS = ("masks", "iou_scores", "single_mask")  # decoder outputs the mask IoU reads
+_NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize WebGPU environment")
+
+
+@dataclass
+class Residency:
+    """What the delegate reported for one file."""
+
+    ops_total: int
+    ops_gpu: int
+    partitions: int
+    rejected: list[dict[str, str]] = field(default_factory=list)  # [{op, reason}] as the delegate words it
+    device: str = ""  # Vulkan device as the delegate's adapter line names it
+    fully_accelerated_claim: bool | None = None  # CompiledModel.is_fully_accelerated(): recorded, not trusted
+    gpu_errors: list[str] = field(default_factory=list)  # WebGPU validation errors (unique): the run is void
+
+    @property
+    def resident(self) -> bool:
+        return self.ops_gpu == self.ops_total and self.partitions == 1
+
+
+@dataclass
+class FileReport:
+    path: str
+    kind: str  # gpu_feeds.KINDS key
+    verdict: str  # "resident" | "partial" | "mismatch" | "failed" | "device-limit"
+    residency: Residency
+    outputs: dict[str, dict[str, float]]  # output name -> compare() of GPU vs CPU over all feeds
+    runs: int  # feeds run on each accelerator
+    inputs_source: str
+    mask_iou: dict | None = None  # decoder: {clicks, median, worst, selection_agreement, photos}
+    failures: list[str] = field(default_factory=list)  # why the verdict is not "resident"
+    seconds: dict[str, float] = field(default_factory=dict)  # gpu/cpu load and mean run time
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class WorkerFailed(UserError):
+    """A worker process died or printed no result; ``log`` holds its stderr."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+# ---- environment ---------------------------------------------------------------------------------
+
+
+def vulkan_icd() -> Path:
+    """Path of a software Vulkan ICD (SwiftShader) with a loadable Vulkan loader, else UserError."""
+    try:
+        ctypes.CDLL("libvulkan.so.1")
+    except OSError:
+        raise UserError(f"no Vulkan loader (libvulkan.so.1) for the GPU check: {INSTALL_HINT}") from None
+    override = os.environ.get(ICD_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise UserError(f"{ICD_ENV}={override} is not a file; unset it to use SwiftShader, or {INSTALL_HINT}")
+        return Path(override)
+    for cand in ICD_CANDIDATES:
+        if Path(cand).is_file():
+            return Path(cand)
+    raise UserError(f"no software Vulkan device (SwiftShader ICD not found) for the GPU check: {INSTALL_HINT}")
+
+
+def worker_env(icd: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(VK_ICD_FILENAMES=str(icd), XDG_RUNTIME_DIR=env.get("XDG_RUNTIME_DIR") or "/tmp")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+    return env
+
+
+def environment(device: str = "") -> dict[str, str]:
+    return {
+        "vulkan_device": device,
+        "vulkan_icd": str(vulkan_icd()),
+        "ai_edge_litert": importlib.metadata.version("ai-edge-litert"),
+    }
+
+
+# ---- the delegate's log --------------------------------------------------------------------------
+
+
+def parse_delegate_log(log: str, ops_total: int) -> Residency:
+    """Residency from the GPU delegate's stderr; ``ops_total`` = operators in the graph (flatbuffer)."""
+    lines = log.splitlines()
+    rejected, in_list = [], False
+    for line in lines:
+        if _REJECT_HEAD in line:
+            in_list = True
+            continue
+        m = _REJECT.match(line.strip())
+        if in_list and m:
+            rejected.append({"op": m["op"], "reason": m["reason"]})
+        elif in_list:
+            in_list = False
+    split = next((m for m in map(_SPLIT.search, lines) if m), None)
+    none = next((m for m in map(_NONE.search, lines) if m), None)
+    partitions = sum(_PARTITION in line for line in lines)
+    if split:
+        gpu, total = int(split["gpu"]), int(split["gpu"]) + int(split["cpu"])
+    elif none:
+        gpu, total = 0, int(none["cpu"])
+    else:  # no split line: the delegate took every op, provided it built a partition at all
+        gpu, total = (ops_total if partitions else 0), ops_total
+    adapter = next((m for m in map(_ADAPTER.search, lines) if m), None)
+    device = f"{adapter['name']} ({adapter['backend']}, arch {adapter['arch']})" if adapter else ""
+    errors = list(dict.fromkeys(m["msg"].strip() for m in map(_VALIDATION.search, lines) if m))
+    return Residency(total, gpu, partitions, rejected, device, gpu_errors=errors)
+
+
+# ---- running -------------------------------------------------------------------------------------
+
+
+def _run_worker(
+    path: Path, accel: str, feeds_file: Path, out_file: Path, env: dict, timeout: float
+) -> tuple[dict, str]:
+    # run by file path, not ``-m``: importing the sam2edge package would pull torch into every worker
+    cmd = [sys.executable, str(WORKER), str(path), accel, str(feeds_file), str(out_file), str(WORKER_THREADS)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"the {accel.upper()} run of {path} took over {timeout:.0f} s; pass a larger --timeout"
+        ) from None
+    log = proc.stderr
+    if accel == "gpu" and any(s in log for s in _NO_ADAPTER):
+        raise UserError(
+            f"LiteRT's GPU delegate found no Vulkan adapter through {env['VK_ICD_FILENAMES']}: {INSTALL_HINT}"
+        )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        tail = " | ".join(s.strip() for s in log.strip().splitlines()[-3:])[:300]
+        raise WorkerFailed(f"LiteRT {accel.upper()} run of {path} failed (exit {proc.returncode}): {tail}", log)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), log
+
+
+def _ops_total(path: Path) -> int:
+    from sam2edge.checks.tflite_lint import lint_file
+
+    return lint_file(path).nodes
+
+
+def _signature_inputs(path: Path) -> dict[str, list[int]]:
+    from sam2edge.checks.tflite_lint import lint_file
+
+    sigs = lint_file(path).signatures
+    if not sigs:
+        raise UserError(f"{path} has no signature; export it with litert-torch (sam2edge export --target litert)")
+    return {t.name: list(t.shape) for t in next(iter(sigs.values()))["inputs"]}
+
+
+def _decoder_masks(prompts, gpu: dict, cpu: dict) -> dict:
+    ious, fg, agree = [], [], 0
+    for i, p in enumerate(prompts):
+        if p.multimask:
+            k = int(np.argmax(cpu[f"{i}/iou_scores"]))
+            agree += int(np.argmax(gpu[f"{i}/iou_scores"]) == k)
+            g, c = gpu[f"{i}/masks"][0, k], cpu[f"{i}/masks"][0, k]
+        else:
+            agree += 1
+            g, c = gpu[f"{i}/single_mask"][0, 0], cpu[f"{i}/single_mask"][0, 0]
+        ious.append(mask_iou(g > 0, c > 0))
+        fg.append(float((c > 0).mean()))
+    arr = np.array(ious)
+    return {
+        "clicks": len(prompts),
+        "photos": sorted({p.photo for p in prompts}),
+        "median": float(np.median(arr)),
+        "worst": float(arr.min()),
+        "selection_agreement": agree / len(prompts),
+        "foreground_median": float(np.median(fg)),  # CPU mask area fraction: IoU is not trivially 1
+    }
+
+
+def verdict_of(res: Residency, outputs: dict[str, dict], masks: dict | None) -> tuple[str, list[str]]:
+    """(verdict, failures): mismatch if numerics are off, else partial if not resident, else resident."""
+    numeric = [
+        f"{name}: GPU-vs-CPU cosine {m['cosine']:.6f} < {BARS['cosine_min']}"
+        for name, m in outputs.items()
+        if not m["cosine"] >= BARS["cosine_min"]
+    ]
+    numeric += [f"WebGPU validation error (GPU results void): {e}" for e in res.gpu_errors]
+    if masks is not None and not masks["worst"] >= BARS["mask_iou_worst_min"]:
+        numeric.append(f"decoder mask IoU worst {masks['worst']:.4f} < {BARS['mask_iou_worst_min']}")
+    placement = []
+    if res.ops_gpu < res.ops_total:
+        placement.append(f"{res.ops_total - res.ops_gpu} of {res.ops_total} ops run on the CPU")
+    if res.partitions != 1:
+        placement.append(f"{res.partitions} GPU partitions (want 1)")
+    placement += [f"rejected {r['op']}: {r['reason']}" for r in res.rejected]
+    texture_limit = res.gpu_errors and all(_TEXTURE_LIMIT in e for e in res.gpu_errors)
+    if texture_limit and not placement:
+        return "device-limit", numeric
+    if numeric:
+        return "mismatch", numeric + placement
+    return ("partial" if placement else "resident"), placement
+
+
+def run_on(path: str | Path, accel: str, feeds: Feeds, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict, dict, str]:
+    """Run ``feeds`` through ``path`` on "gpu" or "cpu" in a worker process with the Vulkan environment.
+
+    Returns (outputs "{run}/{output name}" -> array, worker summary, the process's stderr log).
+    """
+    env = worker_env(vulkan_icd())
+    with tempfile.TemporaryDirectory(prefix="sam2edge-gpu-") as tmp:
+        feeds_file, out_file = Path(tmp) / "feeds.npz", Path(tmp) / f"{accel}.npz"
+        np.savez(feeds_file, __feeds__=np.array(json.dumps(feeds.runs)), **feeds.arrays)
+        summary, log = _run_worker(Path(path), accel, feeds_file, out_file, env, timeout)
+        with np.load(out_file) as f:
+            return dict(f), summary, log
+
+
+def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = DEFAULT_TIMEOUT_S) -> FileReport:
+    """GPU-check one .tflite file (inputs chosen by its signature; see ``gpu_feeds``)."""
+    path = Path(path)
+    vulkan_icd()
+    kind, feeds = build_feeds(_signature_inputs(path), path.parent, clicks)
+    try:
+        gpu, gpu_sum, log = run_on(path, "gpu", feeds, timeout)
+    except WorkerFailed as e:  # the GPU path crashed: a verdict, not an abort (the CPU path is still run)
+        run_on(path, "cpu", feeds, timeout)
+        res = parse_delegate_log(e.log, _ops_total(path))
+        why = [str(e)] + [f"WebGPU validation error (GPU results void): {x}" for x in res.gpu_errors]
+        return FileReport(str(path), kind, "failed", res, {}, len(feeds.runs), feeds.source, None, why)
+    cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
+    res = parse_delegate_log(log, _ops_total(path))
+    res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
+    n = len(feeds.runs)
+    stacked = {
+        a: {o: np.stack([out[f"{i}/{o}"] for i in range(n)]) for o in gpu_sum["outputs"]}
+        for a, out in (("gpu", gpu), ("cpu", cpu))
+    }
+    outputs = {o: compare(stacked["gpu"][o], stacked["cpu"][o]) for o in gpu_sum["outputs"]}
+    has_masks = kind == "decoder" and set(MASK_OUTPUTS) <= set(gpu_sum["outputs"])
+    masks = _decoder_masks(feeds.prompts, gpu, cpu) if has_masks else None
+    verdict, failures = verdict_of(res, outputs, masks)
+    seconds = {
+        "gpu_load": gpu_sum["load_s"],
+        "gpu_run_mean": float(np.mean(gpu_sum["run_s"])),
+        "cpu_load": cpu_sum["load_s"],
+        "cpu_run_mean": float(np.mean(cpu_sum["run_s"])),
+    }
+    return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds)
+
+
+def tflite_files(target: str | Path) -> list[Path]:
+    """A .tflite file, or every .tflite directly in a folder (sorted); else UserError."""
+    target = Path(target)
+    if target.is_dir():
+        files = sorted(target.glob("*.tflite"))
+        if not files:
+            raise UserError(f"{target} holds no .tflite file; pass a .tflite file or a LiteRT bundle folder")
+        return files
+    if not target.is_file():
+        raise UserError(f"{target} does not exist; pass a .tflite file or a folder of them")
+    return [target]
+
+
+def format_report(r: FileReport) -> str:
+    """Human-readable lines for one file; the verdict first."""
+    res = r.residency
+    lines = [
+        f"{r.path}: {r.verdict.upper()} ({r.kind})",
+        f"  GPU ops {res.ops_gpu}/{res.ops_total} in {res.partitions} partition(s); "
+        f"is_fully_accelerated() said {res.fully_accelerated_claim} (not trusted)",
+    ]
+    lines += [f"  rejected {x['op']}: {x['reason']}" for x in res.rejected]
+    lines += [f"  WebGPU validation error: {e}" for e in res.gpu_errors]
+    for name, m in r.outputs.items():
+        lines.append(
+            f"  {name:<18} GPU vs CPU: cosine {m['cosine']:.7f}  corr {m['correlation']:.7f}  "
+            f"max-abs {m['max_abs']:.3g}"
+        )
+    if r.mask_iou:
+        mi = r.mask_iou
+        lines.append(
+            f"  mask IoU GPU vs CPU over {mi['clicks']} clicks on {len(mi['photos'])} photos: "
+            f"median {mi['median']:.5f}, worst {mi['worst']:.5f}, same candidate {mi['selection_agreement']:.0%}"
+        )
+    per_run = f"; GPU {r.seconds['gpu_run_mean']:.3f} s/run" if "gpu_run_mean" in r.seconds else ""
+    lines.append(f"  inputs: {r.inputs_source}; {r.runs} run(s){per_run}")
+    lines += [f"  why: {f}" for f in r.failures if not f.startswith(("rejected ", "WebGPU validation"))]
+    return "\n".join(lines)
+
+
+# ---- export integration --------------------------------------------------------------------------
+
+
+def summarize(r: FileReport) -> dict:
+    """The compact record of one file that an export writes into fidelity.json / card.json."""
+    res = r.residency
+    return {
+        "verdict": r.verdict,
+        "kind": r.kind,
+        "ops_gpu": res.ops_gpu,
+        "ops_total": res.ops_total,
+        "partitions": res.partitions,
+        "rejected": res.rejected,
+        "gpu_errors": res.gpu_errors,
+        "outputs": r.outputs,
+        "mask_iou": r.mask_iou,
+        "failures": r.failures,
+        "inputs": r.inputs_source,
+    }
+
+
+def export_check(ctx) -> dict:
+    """``export.litert.POST_EXPORT_CHECKS`` entry: GPU-check every staged .tflite of a LiteRT export.
+
+    ``ctx``: the exporter's ExportContext (folder, files, allow_dirty). A file that is not ``resident``
+    refuses the export (UserError naming the file and why) unless ``ctx.allow_dirty``.
+    """
+    reports = [check_file(ctx.folder / f) for f in sorted(ctx.files) if f.endswith(".tflite")]
+    device = next((r.residency.device for r in reports if r.residency.device), "")
+    record = {
+        "environment": environment(device),
+        "bars": BARS,
+        "files": {Path(r.path).name: summarize(r) for r in reports},
+        "all_resident": all(r.verdict == "resident" for r in reports),
+    }
+    bad = next((r for r in reports if r.verdict not in ("resident", "device-limit")), None)
+    if bad is not None and not getattr(ctx, "allow_dirty", False):
+        why = bad.failures[0] if bad.failures else bad.verdict
+        raise UserError(
+            f"{Path(bad.path).name} is {bad.verdict} on LiteRT's GPU delegate ({why}); "
+            "fix the graph or pass --allow-dirty"
+        )
+    return record

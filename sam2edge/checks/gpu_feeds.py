@@ -1,0 +1,168 @@
+"""Inputs for the GPU check: what each kind of .tflite file is fed, chosen by its signature.
+
+Kinds (``KINDS``, first match wins; the names are the LiteRT bundle contract of ``export.litert``):
+  decoder  inputs image_embeddings [1,C,e,e], feat_s0 [1,C/8,4e,4e], feat_s1 [1,C/4,2e,2e],
+           sparse_prompt [1,K,C], sparse_valid [1,K], dense_prompt [1,C,e,e]: one feed per click of
+           ``fidelity.click_set`` on real photos; features of the photo, host-encoded prompt tokens.
+  encoder  one input image [1,3,S,S]: a real photo, resized to S and ImageNet-normalised.
+  generic  anything else: one feed of seeded standard-normal float32 per input.
+
+Decoder context (features and prompt tables), from the file's own folder when it is a LiteRT bundle
+(``encoder.tflite`` run on the LiteRT CPU runtime, ``*.bin`` host tables), else from the deterministic
+synthetic checkpoint of the config whose widths match (``source`` says which).
+Clicks are given in original-photo pixels and mapped to model-input pixels (X * S / W, Y * S / H);
+the token layout is the predictor's: box corners (labels 2, 3), then points, then one pad (label -1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sam2edge.checks.fidelity import Prompt, click_set, photo
+from sam2edge.errors import UserError
+
+DECODER_INPUTS = ("image_embeddings", "feat_s0", "feat_s1", "sparse_prompt", "sparse_valid", "dense_prompt")
+FEATURES = ("image_embeddings", "feat_s0", "feat_s1")
+ENCODER_PHOTO = "astronaut.png"
+
+
+@dataclass
+class Feeds:
+    """Arrays (shared by key) and one dict per run: input name -> array key."""
+
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    runs: list[dict[str, str]] = field(default_factory=list)
+    prompts: list[Prompt] = field(default_factory=list)  # decoder: the click of each run
+    source: str = ""  # where the inputs came from, for the report
+
+
+def _image(name: str, size: int) -> np.ndarray:
+    from sam2edge.runtime.preprocess import preprocess
+
+    return preprocess(photo(name), size).numpy()  # 1x3xSxS float32
+
+
+def encoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
+    size = inputs["image"][-1]
+    return Feeds({"image": _image(ENCODER_PHOTO, size)}, [{"image": "image"}], source=f"photo {ENCODER_PHOTO}")
+
+
+def generic_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs.items()}
+    return Feeds(arrays, [{n: n for n in inputs}], source="seeded standard normal")
+
+
+# ---- decoder -------------------------------------------------------------------------------------
+
+
+def _bundle_context(folder: Path, d_model: int, size: int) -> tuple[Callable[[np.ndarray], dict], dict] | None:
+    """(photo -> features, host tables) from a LiteRT bundle folder, or None when it is not one."""
+    from sam2edge.runtime.litert_backend import ENCODER_FILE, SIGNATURE, TABLE_FILES, read_tables
+
+    if not (folder / ENCODER_FILE).is_file() or not all((folder / f).is_file() for f in TABLE_FILES):
+        return None
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=str(folder / ENCODER_FILE), num_threads=2).get_signature_runner(SIGNATURE)
+    return (lambda x: {k: np.asarray(v) for k, v in runner(image=x).items()}), read_tables(folder, d_model)
+
+
+def _synthetic_context(d_model: int, size: int) -> tuple[Callable[[np.ndarray], dict], dict, str]:
+    """(photo -> features, host tables, config name) from the synthetic checkpoint of a matching config."""
+    import torch
+
+    from sam2edge.config import CONFIGS
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.runtime.prompts import prompt_tables
+    from sam2edge.weights import load_weights
+
+    name = next((n for n, c in CONFIGS.items() if c.d_model == d_model), None)
+    if name is None:
+        raise UserError(f"decoder width {d_model} matches no config in sam2edge.config.CONFIGS; check a bundle folder")
+    cfg = CONFIGS[name].at_resolution(size)
+    sd, _ = load_weights(None, cfg)
+    model = build_sam2(cfg, Rewrites())
+    model.load_state_dict(sd)
+    model.eval()
+
+    @torch.no_grad()
+    def encode(x: np.ndarray) -> dict:
+        return dict(zip(FEATURES, (t.numpy() for t in model.encode_image(torch.from_numpy(x)))))
+
+    return encode, prompt_tables(model), name
+
+
+def prompt_tokens(p: Prompt, hw: tuple[int, int], size: int, tables: dict, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """A click (original pixels) -> (sparse_prompt 1xKxC, sparse_valid 1xK) in the predictor's layout."""
+    from sam2edge.runtime.prompts import encode_points
+
+    h, w = hw
+    scale = np.array([size / w, size / h], np.float32)
+    coords, labels = [], []
+    if p.box is not None:
+        coords += [p.box[:2] * scale, p.box[2:] * scale]
+        labels += [2, 3]
+    if p.point_coords is not None:
+        coords += list(np.asarray(p.point_coords, np.float32) * scale)
+        labels += list(np.asarray(p.point_labels).astype(int))
+    coords.append(np.zeros(2, np.float32))  # the pad point upstream always appends
+    labels.append(-1)
+    return encode_points(np.stack(coords), np.array(labels), tables, size, slots)
+
+
+def decoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
+    from sam2edge.runtime.prompts import no_mask_dense
+
+    e, d_model, slots = inputs["image_embeddings"][-1], inputs["image_embeddings"][1], inputs["sparse_prompt"][1]
+    size = 16 * e
+    ctx = _bundle_context(folder, d_model, size) if folder is not None else None
+    if ctx is not None:
+        (encode, tables), source = ctx, f"bundle {folder} (encoder.tflite on LiteRT CPU, host tables)"
+    else:
+        encode, tables, name = _synthetic_context(d_model, size)
+        source = f"synthetic checkpoint, config {name} at {size}px (no bundle next to the file)"
+    feeds = Feeds(source=source)
+    feeds.arrays["dense_prompt"] = no_mask_dense(tables, e)
+    for i, p in enumerate(click_set(clicks)):
+        img = photo(p.photo)
+        if f"{p.photo}/image_embeddings" not in feeds.arrays:
+            for k, v in encode(_image(p.photo, size)).items():
+                feeds.arrays[f"{p.photo}/{k}"] = v
+        tok, valid = prompt_tokens(p, img.shape[:2], size, tables, slots)
+        feeds.arrays[f"{i}/sparse_prompt"], feeds.arrays[f"{i}/sparse_valid"] = tok, valid
+        run = {k: f"{p.photo}/{k}" for k in FEATURES}
+        run.update(sparse_prompt=f"{i}/sparse_prompt", sparse_valid=f"{i}/sparse_valid", dense_prompt="dense_prompt")
+        feeds.runs.append(run)
+        feeds.prompts.append(p)
+    return feeds
+
+
+def _is_decoder(inputs: dict[str, list[int]]) -> bool:
+    return set(DECODER_INPUTS) <= set(inputs)
+
+
+def _is_encoder(inputs: dict[str, list[int]]) -> bool:
+    shape = inputs.get("image")
+    return len(inputs) == 1 and shape is not None and len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]
+
+
+# kind -> (does this signature's inputs {name: shape} match?, feed builder(inputs, folder, clicks))
+KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[dict, Path | None, int], Feeds]]] = {
+    "decoder": (_is_decoder, decoder_feeds),
+    "encoder": (_is_encoder, encoder_feeds),
+    "generic": (lambda inputs: True, generic_feeds),
+}
+
+
+def kind_of(inputs: dict[str, list[int]]) -> str:
+    return next(k for k, (match, _) in KINDS.items() if match(inputs))
+
+
+def build_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> tuple[str, Feeds]:
+    kind = kind_of(inputs)
+    return kind, KINDS[kind][1](inputs, folder, clicks)
