@@ -95,11 +95,15 @@ def fixture_bundle(tmp_path: Path) -> Path:
         (recs / name).write_text(json.dumps(rec))
     sweep = b / "sweep" / "2.5.3" / "2026-11-03"
     sweep.mkdir(parents=True)
-    (sweep / "decoder.json").write_text(json.dumps({
-        "model": "decoder.tflite", "backend": "wasm_xnnpack", "status": "pass", "delegation": {"full": True},
-        "max_rel_diff": 2.5e-07, "latency_p50_ms": 396.69,
-        "environment": {"browser": "chromium 156", "litertjs": "2.5.3"},
-        "date": "2026-11-03", "provenance": "measured",
+    (sweep / "decoder.json").write_text(json.dumps({  # the layout `sam2edge sweep` writes
+        "schema": 1, "file": "decoder.tflite", "date": "2026-11-03", "provenance": "measured",
+        "environment": {"label": "x86_64 2 cores · chromium 156 · @litertjs/core 2.5.3"},
+        "results": [
+            {"backend": "wasm", "status": "pass", "full_delegation": None, "max_rel_diff": 2.5e-07,
+             "latency_p50_ms": 396.69},
+            {"backend": "webgpu", "status": "output_mismatch", "full_delegation": True, "max_rel_diff": 1.0,
+             "latency_p50_ms": 8.33},
+        ],
     }))
     write_manifest(b)  # as the sweep does after adding records
     return b
@@ -141,8 +145,11 @@ def test_card_rendered_from_fixture_records(fixture_bundle: Path, tmp_path: Path
     assert perf[1][3:6] == ["1624.5", "47.00", "1671.5"]
     assert perf[0][9:] == ["2026-11-02", "measured"]
     browser = _table(text, "## Browser (LiteRT.js)")
-    assert browser == [["`decoder.tflite`", "wasm_xnnpack", "pass", "full yes", "2.5e-07", "396.69",
-                        "chromium 156 · 2.5.3", "2026-11-03", "measured"]]
+    env = "x86_64 2 cores · chromium 156 · @litertjs/core 2.5.3"
+    assert browser == [
+        ["`decoder.tflite`", "wasm", "pass", "-", "2.5e-07", "396.69", env, "2026-11-03", "measured"],
+        ["`decoder.tflite`", "webgpu", "output_mismatch", "full", "1", "8.33", env, "2026-11-03", "measured"],
+    ]
     assert out["bench"] == 2 and out["sweep"] == 1
     with Image.open(fixture_bundle / "latency.png") as im:
         assert im.format == "PNG" and im.height > 100

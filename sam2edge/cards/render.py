@@ -309,15 +309,17 @@ def browser(sweep: list[tuple[str, dict]]) -> list[str]:
              "meaningful together with the environment that produced them. Full records: "
              + ", ".join(f"`{p}`" for p, _ in sweep) + ".", ""]
     rows = []
-    for _, r in sweep:
-        deleg = r.get("delegation")
-        if isinstance(deleg, dict):
-            deleg = "; ".join(f"{k} {_num(v)}" for k, v in deleg.items())
-        rows.append([
-            f"`{r.get('model') or r.get('file') or '-'}`", str(r.get("backend", "-")), str(r.get("status", "-")),
-            _num(deleg), _sig(r.get("max_rel_diff")), _num(r.get("latency_p50_ms"), 2), _env(r.get("environment")),
-            str(r.get("date", "-")), str(r.get("provenance", "-")),
-        ])
+    for _, rec in sweep:  # one record per model file, one result row per backend (``sam2edge sweep``)
+        env = rec.get("environment") or {}
+        env_text = env.get("label") if isinstance(env, dict) and env.get("label") else _env(env)
+        for r in rec.get("results", []):
+            full = r.get("full_delegation")
+            deleg = "-" if full is None else ("full" if full else "partial")
+            rows.append([
+                f"`{rec.get('file', '-')}`", str(r.get("backend", "-")), str(r.get("status", "-")), deleg,
+                _sig(r.get("max_rel_diff")), _num(r.get("latency_p50_ms"), 2), env_text,
+                str(rec.get("date", "-")), str(rec.get("provenance", "-")),
+            ])
     return lines + _table(["Model", "Backend", "Status", "Delegation", "Max rel diff", "Latency p50 (ms)",
                            "Environment", "Date", "Provenance"], rows) + [""]
 
