@@ -154,13 +154,13 @@ class MLP(nn.Module):
 def zero_stuff_2x(x: torch.Tensor) -> torch.Tensor:
     """Insert a zero after every row and column: (B, C, H, W) -> (B, C, 2H, 2W).
 
-    Output[2i, 2j] = x[i, j], everything else 0. Rank <= 4 throughout.
+    Output[2i, 2j] = x[i, j], everything else 0. Rank <= 4 throughout. The zeros come from
+    zero-padding (PAD), not from concatenating ``zeros_like`` tensors, which converters fold into
+    large all-zero constants stored in the model file.
     """
     B, C, H, W = x.shape
-    x = x.reshape(B, C * H, W, 1)  # (B, C*H, W, 1)
-    x = torch.cat([x, torch.zeros_like(x)], dim=3)  # (B, C*H, W, 2)
-    x = x.reshape(B, C * H, 1, 2 * W)  # (B, C*H, 1, 2W)
-    x = torch.cat([x, torch.zeros_like(x)], dim=2)  # (B, C*H, 2, 2W)
+    x = F.pad(x.reshape(B, C * H, W, 1), (0, 1))  # (B, C*H, W, 2)
+    x = F.pad(x.reshape(B, C * H, 1, 2 * W), (0, 0, 0, 1))  # (B, C*H, 2, 2W)
     return x.reshape(B, C, 2 * H, 2 * W)  # (B, C, 2H, 2W)
 
 

@@ -1,0 +1,113 @@
+"""LiteRT (a LiteRT bundle, CPU / XNNPACK) vs upstream eager ``sam2``: encoder and per-click latency, one run.
+
+    .venv/bin/python benchmarks/bench_litert.py --bundle /tmp/litert_full/fp32 [--threads 2] [--repeats 5]
+
+Both sides get the same weights (the bundle's checkpoint, synthetic by default), the same real photo
+(astronaut, preprocessed to S x S) and the same thread count. Encoder: one ``encode`` of the image
+(LiteRT: encoder.tflite; upstream: ``image_encoder`` + conv_s0/s1 + no_mem_embed). Click: one positive
+click through prompt encoding + mask decoder (LiteRT: numpy host tokens from the bundle tables +
+decoder.tflite; upstream: ``sam_prompt_encoder`` + ``sam_mask_decoder`` as ``SAM2ImagePredictor._predict``).
+One warm-up each, then the median of ``--repeats`` encoder runs and ``--clicks`` click runs, with the two
+subjects interleaved run by run so that machine drift hits both alike. Ratio = LiteRT / upstream
+(< 1 = faster than upstream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def interleaved(fns: dict[str, callable], repeats: int) -> dict[str, list[float]]:
+    """One warm-up call per function, then ``repeats`` rounds calling each once (times in seconds)."""
+    for fn in fns.values():
+        fn()
+    runs: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[k].append(time.perf_counter() - t0)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", required=True, help="LiteRT bundle folder written by `sam2edge export --target litert`")
+    p.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed encoder runs each (median; default 5)")
+    p.add_argument("--clicks", type=int, default=20, help="timed click runs each (median; default 20)")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+
+    from sam2edge.checks.fidelity import compare, photo
+    from sam2edge.checks.upstream import UpstreamRunner, upstream_from_state_dict
+    from sam2edge.export.bundle import load_card
+    from sam2edge.runtime.litert_backend import LiteRTBackend
+    from sam2edge.runtime.preprocess import preprocess
+    from sam2edge.weights import SYNTHETIC, load_weights
+
+    card = load_card(Path(args.bundle))
+    ours = LiteRTBackend.from_bundle(args.bundle, num_threads=args.threads)
+    cfg = ours.cfg
+    ckpt = card["source"]["checkpoint"]
+    sd, _ = load_weights(None if ckpt == SYNTHETIC else ckpt, cfg)
+    torch.set_num_threads(args.threads)
+    upstream = UpstreamRunner(upstream_from_state_dict(sd, cfg), cfg)
+
+    s = cfg.image_size
+    x = preprocess(photo("astronaut.png"), s).numpy()
+    coords = np.array([[[0.45 * s, 0.3 * s], [0.0, 0.0]]], np.float32)  # one click + upstream's pad point
+    labels = np.array([[1.0, -1.0]], np.float32)
+
+    with torch.inference_mode():
+        up_feats = upstream.encode(x)
+        feats = ours.encode(x)
+        enc = interleaved({"upstream": lambda: upstream.encode(x), "litert": lambda: ours.encode(x)}, args.repeats)
+        click = interleaved(
+            {
+                "upstream": lambda: upstream.decode(up_feats, coords, labels),
+                "litert": lambda: ours.decode(feats, coords, labels, None),
+            },
+            args.clicks,
+        )
+    res = {
+        "bundle": str(args.bundle),
+        "precision": card["precision"],
+        "resolution": s,
+        "threads": args.threads,
+        "loadavg_1min": os.getloadavg()[0],
+        "encoder_runs_s": enc,
+        "click_runs_s": click,
+    }
+    for what, runs in (("encoder", enc), ("click", click)):
+        for who in ("upstream", "litert"):
+            res[f"{who}_{what}_s"] = statistics.median(runs[who])
+        res[f"{what}_ratio"] = res[f"litert_{what}_s"] / res[f"upstream_{what}_s"]
+    res["image_embeddings_vs_upstream"] = compare(feats.image_embed, up_feats["image_embed"].numpy())
+
+    print(f"bundle {args.bundle}: LiteRT {card['precision']} {s}px, {args.threads} threads, CPU (XNNPACK)")
+    print(f"{'':<10}{'upstream eager':>16}{'LiteRT':>12}{'ratio':>8}")
+    for what, n in (("encoder", args.repeats), ("click", args.clicks)):
+        up, lt = res[f"upstream_{what}_s"], res[f"litert_{what}_s"]
+        print(f"{what:<10}{up * 1e3:>13.1f} ms{lt * 1e3:>9.1f} ms{lt / up:>7.2f}x  (median of {n})")
+    cos = res["image_embeddings_vs_upstream"]["cosine"]
+    print(
+        f"ratio = LiteRT / upstream (< 1 is faster); image_embeddings cosine vs upstream {cos:.7f}; "
+        f"1-min load average {res['loadavg_1min']:.1f}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

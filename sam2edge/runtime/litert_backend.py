@@ -1,0 +1,157 @@
+"""LiteRT backend: runs a bundle written by ``sam2edge export --target litert`` with ai-edge-litert (CPU).
+
+Bundle files (the layout an app or the browser demo consumes; e = S/16, C = d_model, K slots):
+
+  encoder.tflite       in : image [1,3,S,S] float32, ImageNet-normalised RGB NCHW
+                       out: image_embeddings [1,C,e,e] (no_mem added), feat_s0 [1,C/8,4e,4e],
+                            feat_s1 [1,C/4,2e,2e]
+  decoder.tflite       in : image_embeddings, feat_s0, feat_s1 (as above), sparse_prompt [1,K,C]
+                            (host-encoded tokens), sparse_valid [1,K] (1 used slot, 0 ignored),
+                            dense_prompt [1,C,e,e] (no_mask broadcast, or mask_encoder's output)
+                       out: masks [1,3,4e,4e] multimask logits, iou_scores [1,3], single_mask [1,1,4e,4e],
+                            single_iou [1,1], object_score [1,1] (object-presence logit)
+  mask_encoder.tflite  in : mask_input [1,1,4e,4e] low-res logits of a previous answer
+                       out: dense_prompt [1,C,e,e]
+  *.bin host tables, raw little-endian float32 (TABLE_FILES): the card-001 ``prompt_encode_const.bin``
+  (gaussian [2,C/2] | point_embed[1] [C] | not_a_point [C]) and every table the host prompt encoder needs.
+
+Every graph is called by signature ``serving_default`` with inputs and outputs by NAME (the converter
+orders signature entries alphabetically; card.json ``extra.io`` lists names, shapes and positions).
+Prompts: ``runtime.prompts.encode_points`` turns points / box corners into the K tokens from the
+tables alone; unused slots get sparse_valid 0 and change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sam2edge.config import Sam2Config, get_config
+from sam2edge.errors import UserError
+from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+from sam2edge.runtime.prompts import encode_points, no_mask_dense
+
+ENCODER_FILE, DECODER_FILE, MASK_ENCODER_FILE = "encoder.tflite", "decoder.tflite", "mask_encoder.tflite"
+SIGNATURE = "serving_default"
+DEFAULT_NUM_TOKENS = 8  # box corners + up to 5 points + 1 pad, or up to 7 points + 1 pad
+
+# table file -> (key in runtime.prompts tables, shape as a function of C)
+TABLE_FILES: dict[str, tuple[str, object]] = {
+    "gaussian.bin": ("gaussian", lambda c: (2, c // 2)),
+    "point_embed.bin": ("point_embed", lambda c: (4, c)),
+    "not_a_point.bin": ("not_a_point", lambda c: (c,)),
+    "no_mask.bin": ("no_mask", lambda c: (c,)),
+}
+CARD_CONST_FILE = "prompt_encode_const.bin"  # reference card 001: gaussian [2,C/2] | point_embed[1] | not_a_point
+
+
+def card_const(tables: dict[str, np.ndarray]) -> np.ndarray:
+    """The card-001 constants vector: gaussian.ravel() | point_embed[1] | not_a_point (float32)."""
+    parts = (tables["gaussian"].ravel(), tables["point_embed"][1], tables["not_a_point"])
+    return np.concatenate(parts).astype("<f4")
+
+
+def write_tables(tables: dict[str, np.ndarray], folder: Path) -> dict[str, str]:
+    """Write every host table as raw little-endian float32; returns file -> role for the card."""
+    folder = Path(folder)
+    for name, (key, _) in TABLE_FILES.items():
+        np.ascontiguousarray(tables[key], dtype="<f4").tofile(folder / name)
+    card_const(tables).tofile(folder / CARD_CONST_FILE)
+    return {name: "prompt-table" for name in (*TABLE_FILES, CARD_CONST_FILE)}
+
+
+def read_tables(folder: Path, d_model: int) -> dict[str, np.ndarray]:
+    """Read the host tables back; a missing or mis-sized file is a one-line UserError."""
+    out = {}
+    for name, (key, shape_of) in TABLE_FILES.items():
+        path = Path(folder) / name
+        shape = shape_of(d_model)
+        if not path.is_file():
+            raise UserError(f"bundle {folder} lacks {name}; re-run `sam2edge export --target litert`")
+        arr = np.fromfile(path, dtype="<f4")
+        if arr.size != int(np.prod(shape)):
+            raise UserError(f"{path} holds {arr.size} floats, expected {shape}; the bundle is corrupt, re-export it")
+        out[key] = arr.reshape(shape).astype(np.float32)
+    return out
+
+
+def _interpreter(path: Path, num_threads: int):
+    from ai_edge_litert.interpreter import Interpreter
+
+    if not path.is_file():
+        raise UserError(f"bundle file {path} is missing; re-run `sam2edge export --target litert`")
+    head = path.read_bytes()[:8]
+    if len(head) < 8 or head[4:8] != b"TFL3":
+        raise UserError(f"{path} is not a .tflite flatbuffer; the bundle is corrupt, re-run the export")
+    try:
+        it = Interpreter(model_path=str(path), num_threads=num_threads)
+        return it.get_signature_runner(SIGNATURE)
+    except (ValueError, RuntimeError) as e:
+        reason = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
+        raise UserError(f"LiteRT cannot load {path} ({reason}); the file is corrupt, re-run the export") from None
+
+
+class LiteRTBackend:
+    """encoder.tflite + decoder.tflite + mask_encoder.tflite + host tables, on the LiteRT CPU runtime."""
+
+    name = "litert"
+
+    def __init__(self, folder: str | Path, cfg: Sam2Config, num_tokens: int, num_threads: int | None = None) -> None:
+        self.folder, self.cfg, self.num_tokens = Path(folder), cfg, num_tokens
+        threads = num_threads or min(4, os.cpu_count() or 1)
+        self.tables = read_tables(self.folder, cfg.d_model)
+        self._no_mask = no_mask_dense(self.tables, cfg.image_embedding_size)
+        self._enc = _interpreter(self.folder / ENCODER_FILE, threads)
+        self._dec = _interpreter(self.folder / DECODER_FILE, threads)
+        self._mask = _interpreter(self.folder / MASK_ENCODER_FILE, threads)
+
+    @classmethod
+    def from_bundle(cls, folder: str | Path, num_threads: int | None = None) -> LiteRTBackend:
+        from sam2edge.export.bundle import load_card, sha256_bytes
+
+        folder = Path(folder)
+        card = load_card(folder)
+        for art in card["artifacts"]:  # a truncated or edited file never reaches the runtime
+            path = folder / str(art["file"])
+            if not path.is_file():
+                raise UserError(f"bundle file {path} is missing; re-run `sam2edge export --target litert`")
+            if path.stat().st_size != art.get("bytes") or sha256_bytes(path) != art.get("sha256"):
+                raise UserError(f"bundle file {path} does not match card.json (size / sha256): corrupt; re-export it")
+        try:
+            cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
+            k = int(card.get("extra", {}).get("num_tokens", DEFAULT_NUM_TOKENS))
+        except (ValueError, TypeError) as e:
+            raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
+        return cls(folder, cfg, k, num_threads)
+
+    def encode(self, image: np.ndarray) -> Features:
+        out = self._enc(image=np.ascontiguousarray(image, dtype=np.float32))
+        return Features(out["image_embeddings"], out["feat_s0"], out["feat_s1"])
+
+    def encode_mask(self, mask_input: np.ndarray) -> np.ndarray:
+        """mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe."""
+        return self._mask(mask_input=np.ascontiguousarray(mask_input, dtype=np.float32))["dense_prompt"]
+
+    def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
+        n = int(np.asarray(labels).size)
+        if n > self.num_tokens:
+            raise UserError(
+                f"{n} prompt tokens (box corners + points + pad) exceed this bundle's {self.num_tokens} slots; "
+                f"use at most {self.num_tokens - 1} points, or {self.num_tokens - 3} with a box"
+            )
+        tokens, valid = encode_points(coords[0], labels[0], self.tables, self.cfg.image_size, self.num_tokens)
+        dense = self._no_mask if mask_input is None else self.encode_mask(mask_input)
+        out = self._dec(
+            image_embeddings=feats.image_embed,
+            feat_s0=feats.feat_s0,
+            feat_s1=feats.feat_s1,
+            sparse_prompt=tokens,
+            sparse_valid=valid,
+            dense_prompt=np.ascontiguousarray(dense, dtype=np.float32),
+        )
+        return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
+
+
+BACKENDS["litert"] = LiteRTBackend
