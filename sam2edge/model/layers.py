@@ -21,6 +21,7 @@ class Rewrites:
     attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
     transposed_conv: str = "zero_stuff"  # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d
     layer_norm: str = "safe"  # "safe": scale-before-square; "native": F.layer_norm / upstream LayerNorm2d
+    mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
 
     def __post_init__(self) -> None:
         checks = {
@@ -28,13 +29,16 @@ class Rewrites:
             "attention_impl": (self.attention_impl, ("math", "sdpa")),
             "transposed_conv": (self.transposed_conv, ("zero_stuff", "native")),
             "layer_norm": (self.layer_norm, ("safe", "native")),
+            "mask_head": (self.mask_head, ("channel_sum", "matmul")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
 
 
-UPSTREAM = Rewrites(attention_rank=4, attention_impl="sdpa", transposed_conv="native", layer_norm="native")
+UPSTREAM = Rewrites(
+    attention_rank=4, attention_impl="sdpa", transposed_conv="native", layer_norm="native", mask_head="matmul"
+)
 
 
 def attention(
@@ -156,11 +160,13 @@ def zero_stuff_2x(x: torch.Tensor) -> torch.Tensor:
 
     Output[2i, 2j] = x[i, j], everything else 0. Rank <= 4 throughout. The zeros come from
     zero-padding (PAD), not from concatenating ``zeros_like`` tensors, which converters fold into
-    large all-zero constants stored in the model file.
+    large all-zero constants stored in the model file. No axis grows beyond max(B*C, 2W): GPU
+    delegates map tensors to textures, and WebGPU's default texture side limit is 8192 (a C*H axis
+    reached 16384 at 1024 px).
     """
     B, C, H, W = x.shape
-    x = F.pad(x.reshape(B, C * H, W, 1), (0, 1))  # (B, C*H, W, 2)
-    x = F.pad(x.reshape(B, C * H, 1, 2 * W), (0, 0, 0, 1))  # (B, C*H, 2, 2W)
+    x = F.pad(x.reshape(B * C, H, W, 1), (0, 1))  # (B*C, H, W, 2)
+    x = F.pad(x.reshape(B * C, H, 1, 2 * W), (0, 0, 0, 1))  # (B*C, H, 2, 2W)
     return x.reshape(B, C, 2 * H, 2 * W)  # (B, C, 2H, 2W)
 
 

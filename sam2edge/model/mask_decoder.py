@@ -102,6 +102,7 @@ class MaskDecoder(nn.Module):
         d, n = cfg.d_model, cfg.num_mask_tokens
         self.num_mask_tokens = n
         self.delta, self.thresh = cfg.stability_delta, cfg.stability_thresh
+        self.channel_sum_head = rw.mask_head == "channel_sum"
         self.transformer = TwoWayTransformer(cfg, rw)
         self.iou_token = nn.Embedding(1, d)
         self.mask_tokens = nn.Embedding(n, d)
@@ -155,7 +156,14 @@ class MaskDecoder(nn.Module):
             [mlp(mask_tokens[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
         )  # (B, n, C/8)
         _, c8, H, W = x.shape
-        masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
+        if self.channel_sum_head:
+            # hyper_in @ x as per-token weighted channel sums: no (C/8, 16e^2) axis (65536 at 1024 px)
+            # that a GPU delegate would have to hold in one texture row (WebGPU's limit is 8192).
+            n = self.num_mask_tokens
+            sums = [(x * hyper_in[:, i].reshape(B, c8, 1, 1)).sum(dim=1, keepdim=True) for i in range(n)]
+            masks = torch.cat(sums, dim=1)  # (B, n, 4e, 4e)
+        else:
+            masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
         iou = self.iou_prediction_head(hs[:, 1, :])  # (B, n)
         obj = self.pred_obj_score_head(hs[:, 0, :])  # (B, 1)
         return masks, iou, obj
