@@ -17,6 +17,15 @@ from sam2edge.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "segment": ("segment", "segment a photo from points / a box; write mask and overlay PNGs"),
     "verify-official": ("verify_official", "check that a Meta .pt and an HF .safetensors hold identical tensors"),
+    "export": ("export", "export encoder + decoder for an edge runtime, verified before it is written"),
+    "lint": ("lint", "op census and GPU-readiness verdict of a .tflite file (no TensorFlow)"),
+    "gpu-check": ("gpu_check", "run .tflite files on LiteRT's GPU delegate (software Vulkan): residency, GPU vs CPU"),
+    "verify": ("verify", "check a bundle against eager fp32 (per output, end to end); writes fidelity.json"),
+    "bench": ("bench", "time a bundle / upstream eager (load, encoder, per-click decoder); writes JSON records"),
+    "card": ("card", "render a bundle's README.md model card from card.json, fidelity.json and records"),
+    "manifest": ("manifest", "check (or rewrite) a bundle's manifest.json: SHA-256 and size of every file"),
+    "serve": ("serve", "tap-to-segment web app: encoder on the server, decoder in the browser (LiteRT.js)"),
+    "sweep": ("sweep", "run every .tflite of a bundle in headless Chromium (LiteRT.js wasm/WebGPU) vs Python CPU"),
 }
 
 

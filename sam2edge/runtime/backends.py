@@ -87,5 +87,6 @@ class EagerBackend:
 BACKENDS: dict[str, type] = {}
 
 # runtimes that register themselves in BACKENDS on import (one line each)
+import sam2edge.runtime.executorch_backend  # noqa: E402,F401
 import sam2edge.runtime.litert_backend  # noqa: E402,F401
 import sam2edge.runtime.onnx_backend  # noqa: E402,F401

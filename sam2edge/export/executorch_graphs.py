@@ -1,0 +1,139 @@
+"""The exact graphs the ExecuTorch XNNPACK programs hold (reference card 002's I/O), fp32 I/O at every precision.
+
+``encoder.pte`` = ``XnnEncoderGraph``: image [1,3,S,S] (ImageNet-normalised RGB) ->
+    image_embed [1,C,e,e] (no_mem_embed added), feat_s0 [1,C/8,4e,4e], feat_s1 [1,C/4,2e,2e].
+``decoder.pte`` = ``XnnDecoderGraph`` (prompt encoder inside): image_embed, feat_s0, feat_s1,
+    points [1,1,N,2] float (X, Y) model-input pixels, labels [1,1,N] int64 (1 fg, 0 bg, 2/3 box corners,
+    -1 not-a-point pad, -2 ignored slot), mask_input [1,1,4e,4e] logits, has_mask_input [1] (0.0 / 1.0)
+    -> masks [1,3,4e,4e], iou_scores [1,3], single_mask [1,1,4e,4e], single_iou [1,1], object_score [1,1].
+
+Both compute what ``EncoderGraph`` / ``PointDecoderGraph`` compute, with every constant that is a function
+of a few parameters recomputed in the graph instead of stored, so a program holds its parameters and no
+more: the window position embedding (bicubic resize of ``pos_embed`` as two matrix products with the exact
+bicubic weights, plus ``pos_embed_window`` added per window: 25 MB at 1024 if baked), the image positional
+encoding and the no-mask dense embedding (broadcast from its (C,) vector).
+
+At fp16 (``model.half()``) the I/O stays fp32: inputs are cast in, outputs cast out, and the sparse
+prompt tokens are computed in fp32 (pixel coordinates up to 1024 need more than fp16's 11 bits).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sam2edge.model import Sam2ImageModel
+
+
+def bicubic_matrix(src: int, dst: int) -> torch.Tensor:
+    """(dst, src) matrix M with M @ v = F.interpolate(v, dst, mode='bicubic') along one axis (exact weights)."""
+    eye = torch.eye(src, dtype=torch.float64).reshape(src, 1, src, 1)  # basis images, width 1
+    out = F.interpolate(eye, size=(dst, 1), mode="bicubic", align_corners=False)  # (src, 1, dst, 1)
+    return out.reshape(src, dst).t().contiguous().float()
+
+
+class XnnEncoderGraph(nn.Module):
+    """image 1x3xSxS -> (image_embed, feat_s0, feat_s1), as ``Sam2ImageModel.encode_image`` (fp32 I/O)."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.model = model
+        trunk = model.image_encoder.trunk
+        g, bkg = trunk.grid, trunk.pos_embed.shape[-1]
+        self.register_buffer("interp_t", bicubic_matrix(bkg, g).t().contiguous().to(trunk.pos_embed.dtype))  # (7, g)
+
+    def pos_embed(self) -> torch.Tensor:
+        """bicubic(pos_embed) + tile(pos_embed_window), channels-last (1, g, g, C)."""
+        trunk = self.model.image_encoder.trunk
+        p, win = trunk.pos_embed, trunk.pos_embed_window  # (1, C, b, b), (1, C, w, w)
+        _, c, b, _ = p.shape
+        g, w = self.interp_t.shape[1], win.shape[-1]
+        x = p.reshape(c * b, b) @ self.interp_t  # (C*b_y, g_x): resize along x
+        x = x.reshape(c, b, g).transpose(1, 2).reshape(c * g, b) @ self.interp_t  # (C*g_x, g_y): along y
+        pe = x.reshape(c, g, g).permute(2, 1, 0)  # (g_y, g_x, C)
+        pe = pe.reshape(g // w, w, g // w, w * c) + win.permute(0, 2, 3, 1).reshape(1, w, 1, w * c)  # tile add
+        return pe.reshape(1, g, g, c)  # (1, g, g, C)
+
+    def backbone_fpn(self, image: torch.Tensor) -> list[torch.Tensor]:
+        """As ``Sam2ImageModel.backbone_fpn``: raw FPN levels [1xCx4ex4e, 1xCx2ex2e, 1xCxexe] (model dtype)."""
+        m = self.model
+        trunk, enc = m.image_encoder.trunk, m.image_encoder
+        x = trunk.patch_embed(image.to(m.no_mem_embed.dtype)) + self.pos_embed()  # (1, S/4, S/4, C0)
+        stages = []
+        for i, blk in enumerate(trunk.blocks):
+            x = blk(x)
+            if i in trunk.stage_ends:
+                stages.append(x.permute(0, 3, 1, 2))  # (1, C_i, H_i, W_i)
+        feats = enc.neck(stages)
+        return feats[: len(feats) - enc.scalp]
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        m = self.model
+        fpn0, fpn1, fpn2 = self.backbone_fpn(image)
+        dec = m.sam_mask_decoder
+        emb = fpn2 + m.no_mem_embed.reshape(1, -1, 1, 1)
+        return emb.float(), dec.conv_s0(fpn0).float(), dec.conv_s1(fpn1).float()
+
+
+class XnnDecoderGraph(nn.Module):
+    """Prompt encoder + mask decoder with card 002's prompt layout (see module doc), fp32 I/O."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.model = model
+        self.points = copy.deepcopy(model.sam_prompt_encoder).float()  # sparse tokens in fp32 (tiny)
+        e = model.cfg.image_embedding_size
+        centres = (torch.arange(e, dtype=torch.float32) + 0.5) / e
+        grid = torch.stack(torch.meshgrid(centres, centres, indexing="xy"), dim=-1)  # (e, e, 2) as (x, y)
+        self.register_buffer("pe_grid", grid.reshape(1, e * e, 2))  # (1, e*e, 2) cell centres in [0, 1]
+
+    def image_pe(self) -> torch.Tensor:
+        """pe_layer.dense(e) recomputed: (1, C, e, e)."""
+        e = self.model.cfg.image_embedding_size
+        pe = self.points.pe_layer.encode(self.pe_grid)  # (1, e*e, C)
+        return pe.transpose(1, 2).reshape(1, -1, e, e)  # (1, C, e, e)
+
+    def forward(self, image_embed, feat_s0, feat_s1, points, labels, mask_input, has_mask_input):
+        m = self.model
+        dt = m.no_mem_embed.dtype
+        pe = m.sam_prompt_encoder
+        n = points.shape[2]
+        coords = points.reshape(1, n, 2)  # (1, N, 2)
+        lab = labels.reshape(1, n).to(torch.float32)  # (1, N)
+        valid = (lab != -2).to(dt)  # (1, N): ignored slots are removed as attention keys
+        sparse = self.points.embed_points(coords, lab).to(dt)  # (1, N, C)
+        has = has_mask_input.to(dt).reshape(1, 1, 1, 1)
+        no_mask = pe.no_mask_embed.weight.reshape(1, -1, 1, 1)  # (1, C, 1, 1), broadcast over e x e
+        dense = has * pe.embed_mask(mask_input.to(dt)) + (1.0 - has) * no_mask  # (1, C, e, e)
+        dec = m.sam_mask_decoder
+        masks, iou, obj = dec(
+            image_embed.to(dt), self.image_pe().to(dt), sparse, dense, feat_s0.to(dt), feat_s1.to(dt), valid
+        )
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return m3.float(), i3.float(), m1.float(), i1.float(), obj.float()
+
+
+def encoder_inputs(cfg) -> tuple[torch.Tensor]:
+    return (torch.randn(1, 3, cfg.image_size, cfg.image_size),)
+
+
+def decoder_inputs(cfg, n: int) -> tuple[torch.Tensor, ...]:
+    """Sample decoder inputs with N points (a click, then pads/ignored slots)."""
+    e, c = cfg.image_embedding_size, cfg.d_model
+    labels = torch.full((1, 1, n), -2, dtype=torch.int64)
+    labels[0, 0, 0] = 1
+    if n > 1:
+        labels[0, 0, 1] = -1
+    return (
+        torch.randn(1, c, e, e),
+        torch.randn(1, c // 8, 4 * e, 4 * e),
+        torch.randn(1, c // 4, 2 * e, 2 * e),
+        torch.rand(1, 1, n, 2) * cfg.image_size,
+        labels,
+        torch.zeros(1, 1, 4 * e, 4 * e),
+        torch.zeros(1),
+    )

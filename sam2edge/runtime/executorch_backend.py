@@ -1,0 +1,111 @@
+"""ExecuTorch backend: runs a bundle written by ``sam2edge export --target executorch`` (XNNPACK, CPU).
+
+Bundle files (reference card 002's contract; e = S/16, C = d_model, all I/O float32 but labels):
+
+  encoder.pte  forward(image [1,3,S,S] ImageNet-normalised RGB NCHW)
+               -> image_embed [1,C,e,e] (no_mem added), feat_s0 [1,C/8,4e,4e], feat_s1 [1,C/4,2e,2e]
+  decoder.pte  forward(image_embed, feat_s0, feat_s1, points [1,1,K,2] (X, Y) model-input pixels,
+                       labels [1,1,K] int64 (1 fg, 0 bg, 2/3 box corners, -1 pad, -2 ignored slot),
+                       mask_input [1,1,4e,4e] logits, has_mask_input [1] (0.0 or 1.0))
+               -> masks [1,3,4e,4e], iou_scores [1,3], single_mask [1,1,4e,4e], single_iou [1,1],
+                  object_score [1,1]
+
+K is ``MAX_POINTS`` (16, card.json ``extra.max_points``): a prompt of N <= K entries (box corners, points,
+and the one padding point upstream appends) fills the first N slots and the rest are label -2, which the
+decoder removes from attention, so the answer is exactly that of the N-entry prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sam2edge.config import Sam2Config, get_config
+from sam2edge.errors import UserError
+from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+
+ENCODER_FILE, DECODER_FILE = "encoder.pte", "decoder.pte"
+MAX_POINTS = 16
+IGNORED = -2
+
+
+def load_method(path: Path, hint: str):
+    """Load ``forward`` of a .pte; a missing or unreadable program is a one-line UserError."""
+    from executorch.runtime import Runtime
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} is missing; {hint}")
+    try:
+        return Runtime.get().load_program(path).load_method("forward")
+    except Exception as e:  # noqa: BLE001 - any loader failure means a bad file for the user
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:100]
+        raise UserError(f"{path} is not a loadable ExecuTorch program ({reason}); {hint}") from None
+
+
+def pad_prompt(coords: np.ndarray, labels: np.ndarray, slots: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """coords 1xNx2, labels 1xN -> points 1x1xKx2 float32, labels 1x1xK int64 (slots N.. ignored)."""
+    c = np.asarray(coords, np.float32).reshape(-1, 2)
+    lab = np.asarray(labels).reshape(-1)
+    n = len(lab)
+    if n == 0:
+        raise UserError("no prompt: give at least one point or a box")
+    if n > slots:
+        raise UserError(
+            f"{n} prompt points (box corners + clicks + 1 padding point) exceed the decoder's {slots}; "
+            f"use at most {slots - 1} clicks, or {slots - 3} with a box"
+        )
+    if len(c) != n:
+        raise UserError(f"{len(c)} points but {n} labels; give one label per point")
+    pts = np.zeros((1, 1, slots, 2), np.float32)
+    pts[0, 0, :n] = c
+    lab_out = np.full((1, 1, slots), IGNORED, np.int64)
+    lab_out[0, 0, :n] = np.rint(lab).astype(np.int64)
+    return pts, lab_out
+
+
+def check_image(image: np.ndarray, size: int) -> np.ndarray:
+    x = np.asarray(image)
+    if x.shape != (1, 3, size, size):
+        raise UserError(f"encoder input must be a [1,3,{size},{size}] float32 image, got shape {list(x.shape)}")
+    return np.ascontiguousarray(x, np.float32)
+
+
+class ExecuTorchBackend:
+    """Two .pte programs under the ExecuTorch runtime (XNNPACK delegate, portable kernels for the rest)."""
+
+    name = "executorch"
+
+    def __init__(self, folder: Path, cfg: Sam2Config, max_points: int = MAX_POINTS) -> None:
+        folder = Path(folder)
+        hint = "re-run `sam2edge export --target executorch`"
+        self.cfg, self.max_points = cfg, max_points
+        self.encoder = load_method(folder / ENCODER_FILE, hint)
+        self.decoder = load_method(folder / DECODER_FILE, hint)
+
+    @classmethod
+    def from_bundle(cls, folder: str | Path) -> ExecuTorchBackend:
+        from sam2edge.export.bundle import load_card
+
+        card = load_card(Path(folder))
+        cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
+        return cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)))
+
+    def encode(self, image: np.ndarray) -> Features:
+        x = torch.from_numpy(check_image(image, self.cfg.image_size))
+        emb, s0, s1 = (t.numpy().copy() for t in self.encoder.execute([x]))
+        return Features(emb, s0, s1)
+
+    def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
+        pts, lab = pad_prompt(coords, labels, self.max_points)
+        side = 4 * self.cfg.image_embedding_size
+        has = np.zeros((1,), np.float32) if mask_input is None else np.ones((1,), np.float32)
+        mask = np.zeros((1, 1, side, side), np.float32) if mask_input is None else mask_input
+        ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, mask, has]
+        outs = self.decoder.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in ins])
+        return Decoded(*(t.numpy().copy() for t in outs))
+
+
+BACKENDS["executorch"] = ExecuTorchBackend

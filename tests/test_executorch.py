@@ -1,0 +1,165 @@
+"""ExecuTorch XNNPACK export (issue 4), small config: every precision exported, run and compared with eager.
+
+Each bundle is lowered once per session (module fixtures): ExecuTorch lowering takes about a minute per
+program on two cores.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("executorch")
+
+from sam2edge.checks.fidelity import mask_iou, photo  # noqa: E402
+from sam2edge.config import TEST_SMALL  # noqa: E402
+from sam2edge.errors import UserError  # noqa: E402
+from sam2edge.export.executorch import ACCURACY_BAR, FP32_COSINE, SIZE_RATIO_MAX, export_executorch  # noqa: E402
+from sam2edge.runtime.executorch_backend import MAX_POINTS, ExecuTorchBackend, pad_prompt  # noqa: E402
+from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
+
+CFG = TEST_SMALL
+# operations that must never be left outside the delegate (LayerNorm, attention, GELU at fp32, the FPN resize)
+HOT_OPS = ("mean", "sum", "bmm", "mm", "softmax", "native_layer_norm", "gelu", "expand_copy", "upsample_nearest2d")
+
+
+def _export(tmp_path_factory, precision: str) -> tuple:
+    out = tmp_path_factory.mktemp(f"et_{precision}") / "bundle"
+    card = export_executorch(CFG, "test-small", None, precision, out, force=True, num_clicks=40)
+    return out, card
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    return _export(tmp_path_factory, "fp32")
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return Sam2Predictor.from_checkpoint(None, CFG, quiet=True)
+
+
+def test_fp32_bundle_parity_size_delegation(fp32):
+    out, card = fp32
+    assert card["status"] == "shippable", card["fidelity"]["failures"]
+    for name, m in card["fidelity"]["outputs"].items():
+        assert m["cosine"] >= FP32_COSINE, name
+    assert card["fidelity"]["end_to_end"]["clicks"] >= 40
+    assert card["fidelity"]["end_to_end"]["iou_worst"] >= 0.999  # a pixel at |logit| ~ 1e-6 may flip
+    for name, s in card["extra"]["sizes"].items():
+        assert s["bytes"] == (out / name).stat().st_size
+        assert s["bytes"] <= s["limit_bytes"] and s["limit_bytes"] <= SIZE_RATIO_MAX * s["parameter_bytes"] + 256 * 1024
+    enc = card["extra"]["delegation"]["encoder.pte"]
+    assert enc["delegates"] == 1 and not set(enc["outside_delegate"]) & set(HOT_OPS), enc
+    dec = card["extra"]["delegation"]["decoder.pte"]
+    assert not set(dec["outside_delegate"]) & set(HOT_OPS), dec
+
+
+@pytest.mark.parametrize("kind", ["points1", "points3", "points15+pad", "box", "box+point"])
+def test_fp32_prompts_match_eager(fp32, eager, kind):
+    """N = 1 click (+pad), 3 clicks (+pad), 15 clicks + pad = all 16 slots, a box, a box + click."""
+    out, _ = fp32
+    pred = Sam2Predictor.from_export(out)
+    img = photo("chelsea.png")
+    h, w = img.shape[:2]
+    rng = np.random.default_rng(3)
+    n = {"points1": 1, "points3": 3, "points15+pad": MAX_POINTS - 1}.get(kind, 1)
+    pts = rng.uniform([0.1 * w, 0.1 * h], [0.9 * w, 0.9 * h], size=(n, 2)).astype(np.float32)
+    labels = (np.arange(n) % 3 != 2).astype(np.int64)
+    kw = {"point_coords": pts, "point_labels": labels} if kind.startswith("points") else {}
+    if kind.startswith("box"):
+        kw["box"] = np.array([0.2 * w, 0.2 * h, 0.7 * w, 0.8 * h], np.float32)
+        if kind == "box+point":
+            kw.update(point_coords=pts[:1], point_labels=labels[:1])
+    pred.set_image(img)
+    eager.set_image(img)
+    tm, ts, tl = pred.predict(**kw, multimask_output=True)
+    rm, rs, rl = eager.predict(**kw, multimask_output=True)
+    np.testing.assert_allclose(tl, rl, atol=2e-4 * max(1.0, np.abs(rl).max()))
+    np.testing.assert_allclose(ts, rs, atol=1e-5)
+    assert min(mask_iou(tm[k], rm[k]) for k in range(3)) >= 0.999
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
+    out, card = _export(tmp_path_factory, precision)
+    e2e = card["fidelity"]["end_to_end"]
+    assert e2e["clicks"] >= 40 and 0.0 <= e2e["iou_worst"] <= e2e["iou_median"] <= 1.0
+    passed = e2e["iou_worst"] >= ACCURACY_BAR
+    assert card["status"] == ("shippable" if passed else "rejected"), (card["status"], e2e)
+    for name, s in card["extra"]["sizes"].items():
+        assert s["bytes"] <= s["limit_bytes"], (name, s)
+    # the bundle runs, and its encoder stays close to eager fp32
+    backend = ExecuTorchBackend.from_bundle(out)
+    x = np.random.default_rng(0).standard_normal((1, 3, CFG.image_size, CFG.image_size)).astype(np.float32)
+    ref = Sam2Predictor.from_checkpoint(None, CFG, quiet=True).backend.encode(x)
+    got = backend.encode(x)
+    cos = float(np.dot(got.image_embed.ravel(), ref.image_embed.ravel())
+                / np.linalg.norm(got.image_embed) / np.linalg.norm(ref.image_embed))
+    assert cos > (0.999 if precision == "fp16" else 0.95), cos
+    if precision == "fp16":
+        assert passed and e2e["iou_worst"] >= 0.99, e2e
+
+
+def test_bad_inputs_one_line_errors(fp32, tmp_path):
+    out, _ = fp32
+    backend = ExecuTorchBackend.from_bundle(out)
+    s = CFG.image_size
+    with pytest.raises(UserError, match=r"\[1,3,256,256\]"):
+        backend.encode(np.zeros((3, s, s), np.float32))  # wrong rank
+    with pytest.raises(UserError, match="at least one point"):
+        pad_prompt(np.zeros((1, 0, 2)), np.zeros((1, 0)))
+    with pytest.raises(UserError, match="exceed"):
+        pad_prompt(np.zeros((1, MAX_POINTS + 1, 2)), np.ones((1, MAX_POINTS + 1)))
+    bad = tmp_path / "corrupt"
+    shutil.copytree(out, bad)
+    (bad / "decoder.pte").write_bytes(b"not a program" * 100)
+    with pytest.raises(UserError, match="not a loadable ExecuTorch program"):
+        ExecuTorchBackend.from_bundle(bad)
+    # the CLI: one line on stderr, exit 2, no traceback (corrupt .pte; 16 clicks + pad = 17 > 16 slots)
+    clicks = [a for i in range(MAX_POINTS) for a in ("--point", f"{20 + 10 * i},{30 + 5 * i}")]
+    for bundle, extra in ((bad, ["--point", "100,100"]), (out, clicks)):
+        r = subprocess.run(
+            [sys.executable, "-m", "sam2edge", "segment", "sample:chelsea.png", "--model", str(bundle), *extra,
+             "--out", str(tmp_path / "m.png"), "--overlay", str(tmp_path / "o.png")],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert r.returncode == 2, r.stderr[-500:]
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-500:]
+
+
+def test_webgpu_graphs_match_xnnpack_graphs():
+    """Card 004's decoder graph (3 slots, double-pad ignored) gives upstream's 2-token click answer exactly."""
+    from sam2edge.export.executorch_webgpu import WebGpuDecoderGraph, WebGpuEncoderGraph, host_sparse
+    from sam2edge.model import UPSTREAM, build_sam2
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.prompts import prompt_tables
+    from sam2edge.weights import load_weights
+
+    cfg = CFG.at_resolution(512)
+    sd, _ = load_weights(None, cfg)
+    model = build_sam2(cfg)
+    model.load_state_dict(sd)
+    ref = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((1, 3, 512, 512)).astype(np.float32))
+    with torch.no_grad():
+        emb, hr0, hr1 = WebGpuEncoderGraph(model)(x)
+        f = ref.encode(x.numpy())
+        np.testing.assert_allclose(emb.numpy(), f.image_embed, atol=1e-4)
+        pe = model.sam_prompt_encoder
+        click = ([[200.0, 150.0], [0, 0]], [1.0, -1.0])
+        box = ([[50.0, 60.0], [300, 400], [0, 0]], [2.0, 3.0, -1.0])
+        for coords, labels in (click, box):
+            c, lab = np.array(coords, np.float32), np.array(labels, np.float32)
+            sparse = torch.from_numpy(host_sparse(c, lab, prompt_tables(model)))
+            m, iou, obj = WebGpuDecoderGraph(model)(emb, pe.image_pe, sparse, pe.no_mask_dense, hr0, hr1)
+            r = ref.decode(f, c[None], lab[None], None)
+            np.testing.assert_allclose(m.numpy(), r.masks, atol=1e-3)
+            np.testing.assert_allclose(iou.numpy().reshape(1, 3), r.iou, atol=1e-5)
+            assert m.shape == (1, 3, 128, 128) and iou.shape == (1, 1, 3) and obj.shape == (1, 1, 1)
