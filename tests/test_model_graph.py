@@ -14,8 +14,10 @@ from sam2edge.model import UPSTREAM, Rewrites, build_sam2
 from sam2edge.weights import synthetic_state_dict
 
 ALL_REWRITES = [
-    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n)
-    for r, a, t, n in itertools.product((4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("safe", "native"))
+    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h)
+    for r, a, t, n, h in itertools.product(
+        (4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("safe", "native"), ("channel_sum", "matmul")
+    )
 ]
 
 
@@ -34,9 +36,7 @@ def _run(model, image, coords, labels, mask):
     return [emb, s0, s1, sparse, masks, iou, obj, single, single_iou]
 
 
-@pytest.mark.parametrize(
-    "rw", ALL_REWRITES, ids=lambda r: f"r{r.attention_rank}-{r.attention_impl}-{r.transposed_conv}-{r.layer_norm}"
-)
+@pytest.mark.parametrize("rw", ALL_REWRITES, ids=lambda r: "-".join(str(v) for v in vars(r).values()))
 def test_every_switch_setting_agrees(sd, rw):
     torch.manual_seed(0)
     image = torch.randn(1, 3, 256, 256)

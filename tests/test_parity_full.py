@@ -16,11 +16,8 @@ from sam2edge.model import UPSTREAM, Rewrites, build_sam2
 from sam2edge.runtime.preprocess import preprocess
 from sam2edge.weights.load import expected_shapes, to_sam2edge
 
-REWRITES = {
-    "export": Rewrites(),
-    "upstream-ops": UPSTREAM,
-    "rank3-sdpa": Rewrites(attention_rank=3, attention_impl="sdpa"),
-}
+# Every other switch setting is held to these two by tests/test_model_graph.py (all 32, small config).
+REWRITES = {"export": Rewrites(), "upstream-ops": UPSTREAM}
 
 # Prompts in model-input pixels (1024 space), already in the predictor's layout:
 # box corners (2, 3) first, then points, then one pad point (-1).
