@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sam2edge.checks.upstream import UpstreamImagePath
 from sam2edge.config import Sam2Config
 
 
@@ -22,96 +23,10 @@ def perturb_(module: nn.Module, seed: int) -> nn.Module:
     return module
 
 
-class MetaImagePath(nn.Module):
-    """Upstream modules with SAM2Base's image-path names (image_encoder, sam_prompt_encoder, ...)."""
-
-    def __init__(self, cfg: Sam2Config) -> None:
-        super().__init__()
-        from sam2.modeling.backbones.hieradet import Hiera
-        from sam2.modeling.backbones.image_encoder import FpnNeck, ImageEncoder
-        from sam2.modeling.position_encoding import PositionEmbeddingSine
-        from sam2.modeling.sam.mask_decoder import MaskDecoder
-        from sam2.modeling.sam.prompt_encoder import PromptEncoder
-        from sam2.modeling.sam.transformer import TwoWayTransformer
-
-        trunk = Hiera(
-            embed_dim=cfg.embed_dim,
-            num_heads=cfg.num_heads,
-            stages=cfg.stages,
-            global_att_blocks=cfg.global_att_blocks,
-            window_pos_embed_bkg_spatial_size=cfg.window_pos_embed_bkg,
-            window_spec=cfg.window_spec,
-        )
-        neck = FpnNeck(
-            position_encoding=PositionEmbeddingSine(num_pos_feats=cfg.d_model, normalize=True, temperature=10000),
-            d_model=cfg.d_model,
-            backbone_channel_list=list(reversed(cfg.stage_dims)),
-            fpn_top_down_levels=list(cfg.fpn_top_down_levels),
-            fpn_interp_model="nearest",
-        )
-        self.image_encoder = ImageEncoder(trunk=trunk, neck=neck, scalp=cfg.scalp)
-        e = cfg.image_embedding_size
-        self.sam_prompt_encoder = PromptEncoder(
-            embed_dim=cfg.d_model,
-            image_embedding_size=(e, e),
-            input_image_size=(cfg.image_size, cfg.image_size),
-            mask_in_chans=cfg.mask_in_chans,
-        )
-        self.sam_mask_decoder = MaskDecoder(
-            num_multimask_outputs=cfg.num_multimask_outputs,
-            transformer=TwoWayTransformer(
-                depth=cfg.decoder_depth,
-                embedding_dim=cfg.d_model,
-                mlp_dim=cfg.decoder_mlp_dim,
-                num_heads=cfg.decoder_heads,
-            ),
-            transformer_dim=cfg.d_model,
-            iou_head_depth=cfg.iou_head_depth,
-            iou_head_hidden_dim=cfg.iou_head_hidden_dim,
-            use_high_res_features=True,
-            iou_prediction_use_sigmoid=True,
-            pred_obj_scores=True,
-            pred_obj_scores_mlp=True,
-            use_multimask_token_for_obj_ptr=True,
-            dynamic_multimask_via_stability=True,
-            dynamic_multimask_stability_delta=cfg.stability_delta,
-            dynamic_multimask_stability_thresh=cfg.stability_thresh,
-        )
-        self.no_mem_embed = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        self.eval()
-
-    @torch.no_grad()
-    def encode(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
-        """As SAM2ImagePredictor.set_image: forward_image + conv_s0/s1 + no_mem_embed."""
-        out = self.image_encoder(image)
-        fpn = list(out["backbone_fpn"])
-        res = {f"fpn{i}": f for i, f in enumerate(fpn)}
-        res["pos0"], res["pos1"], res["pos2"] = out["vision_pos_enc"]
-        res["feat_s0"] = self.sam_mask_decoder.conv_s0(fpn[0])
-        res["feat_s1"] = self.sam_mask_decoder.conv_s1(fpn[1])
-        res["image_embed"] = fpn[2] + self.no_mem_embed.reshape(1, -1, 1, 1)
-        return res
-
-    @torch.no_grad()
-    def decode(self, feats, coords, labels, mask_input=None, multimask_output=True):
-        """As SAM2ImagePredictor._predict, from model-input-pixel prompts (boxes already as labels 2/3)."""
-        points = (coords, labels) if coords is not None else None
-        sparse, dense = self.sam_prompt_encoder(points=points, boxes=None, masks=mask_input)
-        masks, iou, _, obj = self.sam_mask_decoder(
-            image_embeddings=feats["image_embed"],
-            image_pe=self.sam_prompt_encoder.get_dense_pe(),
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            multimask_output=multimask_output,
-            repeat_image=False,
-            high_res_features=[feats["feat_s0"], feats["feat_s1"]],
-        )
-        return {"sparse": sparse, "dense": dense, "masks": masks, "iou": iou, "obj": obj}
-
-
-def meta_image_path(cfg: Sam2Config, seed: int = 0) -> MetaImagePath:
+def meta_image_path(cfg: Sam2Config, seed: int = 0) -> UpstreamImagePath:
+    """Upstream's image-path modules built from ``cfg`` (sam2edge.checks.upstream), perturbed."""
     torch.manual_seed(seed)
-    return perturb_(MetaImagePath(cfg), seed + 1000)
+    return perturb_(UpstreamImagePath(cfg), seed + 1000)
 
 
 def hf_sam2_model(seed: int = 0):
