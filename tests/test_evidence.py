@@ -308,3 +308,27 @@ def test_bench_writes_records_with_the_fields(exported: Path, tmp_path: Path, ca
     perf = _table((bundle / "README.md").read_text(), "## Performance")
     mine = next(r for r in records if r["runtime"] == TARGET)
     assert perf[0][0] == mine["subject"] and perf[0][3] == f"{mine['encoder_ms']['median']:.1f}"
+
+
+def test_card_shows_the_gpu_delegate_check(fixture_bundle: Path, tmp_path: Path) -> None:
+    fid_path = fixture_bundle / "fidelity.json"
+    fid = json.loads(fid_path.read_text())
+    out = {"cosine": 0.99999991, "correlation": 1.0, "max_abs": 1e-6, "max_rel": 1e-6}
+    fid["checks"] = {"gpu_delegate": {
+        "environment": {"vulkan_device": "SwiftShader Device (Subzero)", "ai_edge_litert": "2.3.0"},
+        "files": {
+            "encoder.tflite": {"verdict": "resident", "ops_gpu": 1280, "ops_total": 1280, "partitions": 1,
+                               "outputs": {"image_embeddings": out, "feat_s0": {**out, "cosine": 0.99995}},
+                               "mask_iou": None, "segments": [{"nodes": [0, 640]}, {"nodes": [640, 1280]}]},
+            "decoder.tflite": {"verdict": "mismatch", "ops_gpu": 386, "ops_total": 386, "partitions": 1,
+                               "outputs": {"masks": out}, "mask_iou": {"iou_worst": 0.5}, "segments": []},
+        },
+    }}
+    fid_path.write_text(json.dumps(fid))
+    render_bundle(fixture_bundle, [tmp_path / "records"])
+    text = (fixture_bundle / "README.md").read_text()
+    assert "SwiftShader Device (Subzero) · 2.3.0" in text
+    assert _table(text, "## GPU delegate (software GPU)") == [
+        ["`encoder.tflite`", "resident", "1280/1280", "1", "0.9999500", "-", "2 node segments"],
+        ["`decoder.tflite`", "mismatch", "386/386", "1", "0.9999999", "0.50000", "whole graph"],
+    ]

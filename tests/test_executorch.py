@@ -163,3 +163,29 @@ def test_webgpu_graphs_match_xnnpack_graphs():
             np.testing.assert_allclose(m.numpy(), r.masks, atol=1e-3)
             np.testing.assert_allclose(iou.numpy().reshape(1, 3), r.iou, atol=1e-5)
             assert m.shape == (1, 3, 128, 128) and iou.shape == (1, 1, 3) and obj.shape == (1, 1, 1)
+
+
+def test_webgpu_bundle_twin_meets_the_bar(tmp_path):
+    """Card 004 bundle: WebGPU-lowered programs, tables and manifest; the XNNPACK twin matches upstream (IoU 1.0)."""
+    import json
+
+    from sam2edge.export.executorch_webgpu import DECODER_FILE, ENCODER_FILE, export_webgpu
+    from sam2edge.model import build_sam2
+    from sam2edge.weights import load_weights
+
+    out = tmp_path / "webgpu"
+    card = export_webgpu(CFG.at_resolution(512), "test-small", None, out)
+    twin = card["fidelity"]["cpu_twin"]
+    assert card["status"] == "shippable" and twin["mask_iou_worst"] == 1.0, twin
+    kinds = {p["kind"] for p in twin["prompts"]}
+    assert kinds == {"point", "box"} and len(twin["prompts"]) >= 10
+    assert card["extra"]["delegation"][DECODER_FILE]["delegates"] >= 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = set(manifest["files"])
+    for name in (ENCODER_FILE, DECODER_FILE, "prompt_img_pos.bin", "prompt_gaussian.bin"):
+        assert name in listed and (out / name).is_file(), name
+    e = CFG.at_resolution(512).image_embedding_size
+    img_pos = np.fromfile(out / "prompt_img_pos.bin", "<f4").reshape(1, -1, e, e)
+    model = build_sam2(CFG.at_resolution(512))
+    model.load_state_dict(load_weights(None, CFG.at_resolution(512))[0])
+    np.testing.assert_array_equal(img_pos, model.sam_prompt_encoder.image_pe.numpy())

@@ -135,11 +135,11 @@ def test_parse_delegate_log_forms():
 def test_verdict_mismatch_takes_precedence():
     res = parse_delegate_log("Initializing WebGPU-based API from graph.\n", ops_total=5)
     good = {"out": {"cosine": 0.99999, "correlation": 0.99999, "max_abs": 1e-4, "max_rel": 1e-5}}
-    assert verdict_of(res, good, {"worst": 1.0})[0] == "resident"
+    assert verdict_of(res, good, {"iou_worst": 1.0})[0] == "resident"
     bad = {"out": {"cosine": 0.265, "correlation": 0.2, "max_abs": 3.0, "max_rel": 0.5}}
     verdict, why = verdict_of(res, bad, None)
     assert verdict == "mismatch" and "cosine" in why[0]
-    assert verdict_of(res, good, {"worst": 0.62})[0] == "mismatch"
+    assert verdict_of(res, good, {"iou_worst": 0.62})[0] == "mismatch"
 
 
 def test_crashed_gpu_run_is_a_failed_verdict(toys, monkeypatch):
@@ -226,7 +226,7 @@ def test_attention_rank_on_swiftshader(rank_decoders):
     for rank, r in reports.items():
         assert r.kind == "decoder", rank
         assert r.verdict == "resident", (rank, r.failures)
-        assert r.mask_iou["clicks"] == 20 and r.mask_iou["worst"] >= 0.99, rank
+        assert r.mask_iou["clicks"] == 20 and r.mask_iou["iou_worst"] >= 0.99, rank
         assert 0.01 < r.mask_iou["foreground_median"] < 0.99, rank  # masks are not trivially empty or full
         assert r.outputs["masks"]["cosine"] >= 0.9999, rank
     assert reports[3].residency.ops_total != reports[4].residency.ops_total  # two different graphs
@@ -244,3 +244,54 @@ def test_texture_limit_is_device_limit_not_a_graph_verdict():
     assert verdict_of(partial, {"masks": {"cosine": 0.0}}, None)[0] == "mismatch"
     other = Residency(10, 10, 1, [], "SwiftShader", gpu_errors=["Buffer is destroyed"])
     assert verdict_of(other, {"masks": {"cosine": 0.0}}, None)[0] == "mismatch"
+
+
+@pytest.mark.parametrize("gpu_node_limit", [None, 2])
+def test_graph_past_the_deadline_is_checked_in_segments(toys, monkeypatch, gpu_node_limit):
+    """A whole-graph GPU run that misses the delegate's 2-min deadline is re-run in node segments on the real
+    delegate (LITERT_GPU_DEBUG_EXCLUDE_NODES): together the segments put every node on the GPU once; a segment
+    that misses the deadline too (here: more than ``gpu_node_limit`` nodes) is halved."""
+    folder, _ = toys
+    real = gpu_check._run_worker
+    total = lint_file(folder / "clean.tflite").nodes
+
+    def deadline(path, accel, feeds_file, out_file, env, timeout):
+        summary, log = real(path, accel, feeds_file, out_file, env, timeout)
+        excluded = env.get("LITERT_GPU_DEBUG_EXCLUDE_NODES")
+        on_gpu = total if excluded is None else total - len(excluded.split(","))
+        if accel == "gpu" and (excluded is None or (gpu_node_limit and on_gpu > gpu_node_limit)):
+            raise gpu_check.WorkerFailed("GPU run failed (exit 1)", log + "\nTimed out waiting for future: 2m\n")
+        return summary, log
+
+    monkeypatch.setattr(gpu_check, "_run_worker", deadline)
+    monkeypatch.setattr(gpu_check, "FIRST_SEGMENTS", 2)
+    r = check_file(folder / "clean.tflite")
+    assert r.verdict == "resident", r.failures
+    assert r.residency.ops_gpu == total and r.residency.partitions == 1  # residency: the whole graph's load
+    spans = [s["nodes"] for s in r.segments]
+    assert spans[0][0] == 0 and spans[-1][1] == total
+    assert len(spans) == 2 if gpu_node_limit is None else all(b - a <= gpu_node_limit for a, b in spans)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(s["ops_gpu"] == s["nodes"][1] - s["nodes"][0] for s in r.segments), r.segments
+    assert all(m["cosine"] >= 0.9999 for m in r.outputs.values())
+    assert "GPU segments" in gpu_check.format_report(r)
+
+
+def test_too_slow_and_unsegmentable_is_device_limit(toys, monkeypatch):
+    """Whole graph past the deadline and segments impossible (an fp16-weight FULLY_CONNECTED cannot fall back to
+    the CPU): resident placement, no numbers -> device-limit with both reasons, not a refused graph."""
+    folder, _ = toys
+    real = gpu_check._run_worker
+
+    def slow(path, accel, feeds_file, out_file, env, timeout):
+        summary, log = real(path, accel, feeds_file, out_file, env, timeout)
+        if accel == "gpu" and "LITERT_GPU_DEBUG_EXCLUDE_NODES" not in env:
+            raise gpu_check.WorkerFailed("GPU run failed (exit 1)", log + "\nTimed out waiting for future: 2m\n")
+        if accel == "gpu":
+            raise gpu_check.WorkerFailed("GPU run failed (exit 1): Node number 3 (FULLY_CONNECTED) failed", log)
+        return summary, log
+
+    monkeypatch.setattr(gpu_check, "_run_worker", slow)
+    r = check_file(folder / "clean.tflite")
+    assert r.verdict == "device-limit" and r.residency.resident
+    assert "2-min deadline" in r.failures[0] and "segments impossible" in r.failures[1], r.failures

@@ -11,6 +11,7 @@ from oracles import meta_image_path
 from sam2edge.config import TEST_SMALL
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph, TokenDecoderGraph
 from sam2edge.model import UPSTREAM, Rewrites, build_sam2
+from sam2edge.model.layers import attention_chunk
 from sam2edge.weights import synthetic_state_dict
 
 ALL_REWRITES = [
@@ -151,3 +152,31 @@ def test_constants_are_rebaked_on_load(sd):
         assert torch.equal(buf, dict(fresh.named_buffers())[name]), name
     with torch.no_grad():
         assert torch.equal(reused.encode_image(image)[0], fresh.encode_image(image)[0])
+
+
+@pytest.mark.parametrize("limit", [8192, 100, 1])
+def test_attention_slices_fit_the_texture_limit(limit):
+    """Every slice fits ``limit`` texture rows (when one item can), slices are equal but the last, and fewest."""
+    for batch, heads, d, nk in itertools.product((1, 25, 100, 1024), (1, 2, 4, 8), (16, 96), (16, 64, 196, 4096)):
+        step = attention_chunk(batch, heads, d, nk, limit)
+        rows = heads * -(-max(d, nk) // 4)
+        assert 1 <= step <= batch
+        if rows <= limit:
+            assert step * rows <= limit, (batch, heads, d, nk, step)
+            assert -(-batch // step) == -(-batch // (limit // rows)), "not the fewest slices that fit"
+    assert attention_chunk(1024, 1, 96, 64, 0) == 1024
+
+
+def test_texture_limit_splits_attention_without_changing_results(sd):
+    """A tiny limit forces every attention into slices: same outputs as the unsplit model."""
+    torch.manual_seed(1)
+    image = torch.randn(1, 3, 256, 256)
+    coords, labels = torch.tensor([[[60.0, 80.0], [0.0, 0.0]]]), torch.tensor([[1.0, -1.0]])
+    mask = torch.randn(1, 1, 64, 64)
+    whole, sliced = build_sam2(TEST_SMALL, Rewrites(texture_limit=0)), build_sam2(TEST_SMALL, Rewrites(texture_limit=8))
+    whole.load_state_dict(sd)
+    sliced.load_state_dict(sd)
+    ep = torch.export.export(EncoderGraph(sliced), (image,))
+    assert any(n.target == torch.ops.aten.cat.default for n in ep.graph_module.graph.nodes), "nothing was sliced"
+    for a, b in zip(_run(sliced, image, coords, labels, mask), _run(whole, image, coords, labels, mask)):
+        assert (a - b).abs().max().item() <= 1e-6 * b.abs().max().item()

@@ -301,6 +301,29 @@ def performance(card: dict, bench: list[dict], chart: str | None) -> list[str]:
     return lines + [""]
 
 
+def gpu_delegate(fid: dict) -> list[str]:
+    """LiteRT's GPU delegate on a software GPU (``checks.gpu_delegate`` of fidelity.json), when recorded."""
+    rec = (fid.get("checks") or {}).get("gpu_delegate")
+    if not rec:
+        return []
+    lines = ["## GPU delegate (software GPU)", "",
+             f"LiteRT's GPU delegate (ML Drift over WebGPU/Vulkan) on {_env(rec.get('environment'))}, run at export "
+             "by `sam2edge gpu-check`; GPU vs CPU (XNNPACK) on the same inputs. A software GPU computes in fp32 and "
+             "has its own limits: a pass here does not clear a phone GPU.", ""]
+    rows = []
+    for name, f in rec.get("files", {}).items():
+        outs = f.get("outputs") or {}
+        cos = min((m["cosine"] for m in outs.values()), default=None)
+        mi = f.get("mask_iou") or {}
+        segs = f.get("segments") or []
+        how = f"{len(segs)} node segments" if segs else "whole graph"
+        rows.append([f"`{name}`", f.get("verdict", "-"), f"{f.get('ops_gpu', '-')}/{f.get('ops_total', '-')}",
+                     str(f.get("partitions", "-")), _num(cos, 7), _num(mi.get("iou_worst"), 5), how])
+    lines += _table(["File", "Verdict", "Ops on GPU", "Partitions", "Cosine (worst output)", "Mask IoU worst",
+                     "Numerics from"], rows)
+    return lines + [""]
+
+
 def browser(sweep: list[tuple[str, dict]]) -> list[str]:
     if not sweep:
         return []
@@ -339,7 +362,8 @@ def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[
                     chart: str | None) -> str:
     """The card text; ``bench``: records (this bundle's + their sessions' upstream), ``sweep``: (path, record)."""
     parts = (front_matter(card) + header(card) + conversion(card) + artifacts(card) + inputs_outputs(card)
-             + fidelity_section(fid) + performance(card, bench, chart) + browser(sweep) + pitfalls(card, fid))
+             + fidelity_section(fid) + gpu_delegate(fid) + performance(card, bench, chart) + browser(sweep)
+             + pitfalls(card, fid))
     parts += ["---", "", f"_Rendered by `sam2edge card render` from `{CARD}`, `{FIDELITY}` and the measured "
               "records (the sources of truth); edit the inputs, not this file._", ""]
     return "\n".join(parts)

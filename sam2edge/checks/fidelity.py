@@ -106,6 +106,11 @@ def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], 
         score_diff = max(score_diff, float(np.abs(ts - rs).max()))
         if progress:
             progress(i + 1, len(prompts))
+    return {**iou_summary(ious, prompts, agree), "iou_score_max_abs_diff": score_diff}
+
+
+def iou_summary(ious: list[float], prompts: list, agree: int) -> dict:
+    """Per-prompt mask IoUs (+ how many chose the same candidate) -> clicks, photos, median, worst, agreement."""
     arr = np.array(ious)
     return {
         "clicks": len(prompts),
@@ -113,5 +118,4 @@ def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], 
         "iou_median": float(np.median(arr)),
         "iou_worst": float(arr.min()),
         "selection_agreement": agree / len(prompts),
-        "iou_score_max_abs_diff": score_diff,
     }

@@ -42,9 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sam2edge.checks.fidelity import compare, mask_iou
+from sam2edge.checks.fidelity import compare, iou_summary, mask_iou
 from sam2edge.checks.gpu_feeds import Feeds, build_feeds
 from sam2edge.errors import UserError
+from sam2edge.progress import stage
 
 ICD_CANDIDATES = ("/usr/lib/chromium/vk_swiftshader_icd.json", "/usr/lib/chromium-browser/vk_swiftshader_icd.json")
 ICD_ENV = "SAM2EDGE_VK_ICD"  # override: path of a Vulkan ICD json to use instead
@@ -64,10 +65,15 @@ _NONE = re.compile(r"No operations will run on the GPU, and all (?P<cpu>\d+) ope
 _REJECT_HEAD = "Following operations are not supported by GPU delegate:"
 _REJECT = re.compile(r"^(?P<op>[A-Z][A-Z0-9_]*): (?P<reason>.+)$")
 _PARTITION = "Initializing WebGPU-based API from graph."
+_EXCLUDED = re.compile(r"Excluding node (?P<node>\d+) .*from WebGPU delegation")  # LITERT_GPU_DEBUG_EXCLUDE_NODES
 _VALIDATION = re.compile(r"Validation error: (?P<msg>.+)$")  # Dawn refused a GPU object: outputs undefined
 _TEXTURE_LIMIT = "exceeded maximum texture size"  # the device's limit, not the graph's fault
 MASK_OUTPUTS = ("masks", "iou_scores", "single_mask")  # decoder outputs the mask IoU reads
 _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize WebGPU environment")
+# The delegate waits at most 2 minutes for a GPU run ("Timed out waiting for future: 2m"); a graph that takes
+# longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then checked in node segments.
+_DEADLINE = ("Timed out waiting for future", "Failed to lock custom tensor buffer")
+FIRST_SEGMENTS = 4  # equal node ranges to start with; one that misses the deadline is halved and retried
 
 
 @dataclass
@@ -91,7 +97,7 @@ class Residency:
 class FileReport:
     path: str
     kind: str  # gpu_feeds.KINDS key
-    verdict: str  # "resident" | "partial" | "mismatch" | "failed" | "device-limit"
+    verdict: str  # "resident" | "partial" | "mismatch" | "failed" | "device-limit" (texture or deadline)
     residency: Residency
     outputs: dict[str, dict[str, float]]  # output name -> compare() of GPU vs CPU over all feeds
     runs: int  # feeds run on each accelerator
@@ -99,6 +105,9 @@ class FileReport:
     mask_iou: dict | None = None  # decoder: {clicks, median, worst, selection_agreement, photos}
     failures: list[str] = field(default_factory=list)  # why the verdict is not "resident"
     seconds: dict[str, float] = field(default_factory=dict)  # gpu/cpu load and mean run time
+    # numerics taken in node segments (whole graph too slow for the delegate's deadline): one entry per
+    # segment {nodes: [first, end), ops_gpu, cosine_min}; ``outputs`` / ``mask_iou`` then hold the worst segment
+    segments: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -170,8 +179,9 @@ def parse_delegate_log(log: str, ops_total: int) -> Residency:
         gpu, total = int(split["gpu"]), int(split["gpu"]) + int(split["cpu"])
     elif none:
         gpu, total = 0, int(none["cpu"])
-    else:  # no split line: the delegate took every op, provided it built a partition at all
-        gpu, total = (ops_total if partitions else 0), ops_total
+    else:  # no split line: the delegate took every op not excluded by the debug variable, if it built a partition
+        excluded = {m["node"] for m in map(_EXCLUDED.search, lines) if m}
+        gpu, total = (ops_total - len(excluded) if partitions else 0), ops_total
     adapter = next((m for m in map(_ADAPTER.search, lines) if m), None)
     device = f"{adapter['name']} ({adapter['backend']}, arch {adapter['arch']})" if adapter else ""
     errors = list(dict.fromkeys(m["msg"].strip() for m in map(_VALIDATION.search, lines) if m))
@@ -198,7 +208,9 @@ def _run_worker(
             f"LiteRT's GPU delegate found no Vulkan adapter through {env['VK_ICD_FILENAMES']}: {INSTALL_HINT}"
         )
     if proc.returncode != 0 or not proc.stdout.strip():
-        tail = " | ".join(s.strip() for s in log.strip().splitlines()[-3:])[:300]
+        lines = [ln.strip() for ln in log.strip().splitlines()]
+        errors = [ln for ln in lines if ln.startswith(("ERROR:", "E0000", "RuntimeError", "└"))]
+        tail = " | ".join(errors[-3:] or lines[-3:])[:300]  # the delegate's own error lines when it printed any
         raise WorkerFailed(f"LiteRT {accel.upper()} run of {path} failed (exit {proc.returncode}): {tail}", log)
     return json.loads(proc.stdout.strip().splitlines()[-1]), log
 
@@ -230,15 +242,8 @@ def _decoder_masks(prompts, gpu: dict, cpu: dict) -> dict:
             g, c = gpu[f"{i}/single_mask"][0, 0], cpu[f"{i}/single_mask"][0, 0]
         ious.append(mask_iou(g > 0, c > 0))
         fg.append(float((c > 0).mean()))
-    arr = np.array(ious)
-    return {
-        "clicks": len(prompts),
-        "photos": sorted({p.photo for p in prompts}),
-        "median": float(np.median(arr)),
-        "worst": float(arr.min()),
-        "selection_agreement": agree / len(prompts),
-        "foreground_median": float(np.median(fg)),  # CPU mask area fraction: IoU is not trivially 1
-    }
+    # foreground_median: the CPU masks' area fraction, so that an IoU of 1 is shown not to be trivial
+    return {**iou_summary(ious, prompts, agree), "foreground_median": float(np.median(fg))}
 
 
 def verdict_of(res: Residency, outputs: dict[str, dict], masks: dict | None) -> tuple[str, list[str]]:
@@ -249,8 +254,8 @@ def verdict_of(res: Residency, outputs: dict[str, dict], masks: dict | None) -> 
         if not m["cosine"] >= BARS["cosine_min"]
     ]
     numeric += [f"WebGPU validation error (GPU results void): {e}" for e in res.gpu_errors]
-    if masks is not None and not masks["worst"] >= BARS["mask_iou_worst_min"]:
-        numeric.append(f"decoder mask IoU worst {masks['worst']:.4f} < {BARS['mask_iou_worst_min']}")
+    if masks is not None and not masks["iou_worst"] >= BARS["mask_iou_worst_min"]:
+        numeric.append(f"decoder mask IoU worst {masks['iou_worst']:.4f} < {BARS['mask_iou_worst_min']}")
     placement = []
     if res.ops_gpu < res.ops_total:
         placement.append(f"{res.ops_total - res.ops_gpu} of {res.ops_total} ops run on the CPU")
@@ -265,12 +270,14 @@ def verdict_of(res: Residency, outputs: dict[str, dict], masks: dict | None) -> 
     return ("partial" if placement else "resident"), placement
 
 
-def run_on(path: str | Path, accel: str, feeds: Feeds, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict, dict, str]:
+def run_on(
+    path: str | Path, accel: str, feeds: Feeds, timeout: float = DEFAULT_TIMEOUT_S, extra_env: dict | None = None
+) -> tuple[dict, dict, str]:
     """Run ``feeds`` through ``path`` on "gpu" or "cpu" in a worker process with the Vulkan environment.
 
     Returns (outputs "{run}/{output name}" -> array, worker summary, the process's stderr log).
     """
-    env = worker_env(vulkan_icd())
+    env = {**worker_env(vulkan_icd()), **(extra_env or {})}
     with tempfile.TemporaryDirectory(prefix="sam2edge-gpu-") as tmp:
         feeds_file, out_file = Path(tmp) / "feeds.npz", Path(tmp) / f"{accel}.npz"
         np.savez(feeds_file, __feeds__=np.array(json.dumps(feeds.runs)), **feeds.arrays)
@@ -279,27 +286,86 @@ def run_on(path: str | Path, accel: str, feeds: Feeds, timeout: float = DEFAULT_
             return dict(f), summary, log
 
 
+def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, dict]:
+    """GPU vs CPU per output name over all ``n`` runs stacked."""
+    return {o: compare(np.stack([gpu[f"{i}/{o}"] for i in range(n)]), np.stack([cpu[f"{i}/{o}"] for i in range(n)]))
+            for o in names}
+
+
+def _segmented(path: Path, feeds: Feeds, cpu: dict, names: list[str], ops_total: int, timeout: float, masks: bool):
+    """Numerics in node segments: each run keeps nodes [a, b) on the GPU and the rest on the CPU
+    (``LITERT_GPU_DEBUG_EXCLUDE_NODES``), so every node runs on the GPU in one of the runs. Starts from
+    ``FIRST_SEGMENTS`` equal ranges; a range whose run misses the deadline is halved and retried.
+
+    Returns (segments, worst outputs, worst mask IoU) or None when a single node misses the deadline.
+    """
+    n = len(feeds.runs)
+    bounds = np.linspace(0, ops_total, min(FIRST_SEGMENTS, ops_total) + 1).round().astype(int).tolist()
+    pending = list(zip(bounds[:-1], bounds[1:]))
+    segments, worst, worst_masks = [], {}, None
+    while pending:
+        a, b = pending.pop(0)
+        stage(f"GPU segment: nodes {a}-{b - 1} of {ops_total}")
+        exclude = ",".join(str(i) for i in range(ops_total) if not a <= i < b)
+        try:
+            gpu, _, log = run_on(path, "gpu", feeds, timeout, {"LITERT_GPU_DEBUG_EXCLUDE_NODES": exclude})
+        except WorkerFailed as e:
+            if not any(x in e.log for x in _DEADLINE):
+                raise
+            if b - a == 1:
+                return None
+            pending[:0] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+            continue
+        outs = _compare_runs(gpu, cpu, names, n)
+        segments.append({"nodes": [a, b], "ops_gpu": parse_delegate_log(log, ops_total).ops_gpu,
+                         "cosine_min": min(v["cosine"] for v in outs.values())})
+        for o, v in outs.items():
+            if o not in worst or v["cosine"] < worst[o]["cosine"]:
+                worst[o] = v
+        m = _decoder_masks(feeds.prompts, gpu, cpu) if masks else None
+        if m is not None and (worst_masks is None or m["iou_worst"] < worst_masks["iou_worst"]):
+            worst_masks = m
+    return segments, worst, worst_masks
+
+
 def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = DEFAULT_TIMEOUT_S) -> FileReport:
-    """GPU-check one .tflite file (inputs chosen by its signature; see ``gpu_feeds``)."""
+    """GPU-check one .tflite file (inputs chosen by its signature; see ``gpu_feeds``).
+
+    Residency always comes from loading the whole graph. When the whole graph's GPU run misses the
+    delegate's fixed 2-minute deadline, numerics are taken in node segments (``_segmented``).
+    """
     path = Path(path)
     vulkan_icd()
     kind, feeds = build_feeds(_signature_inputs(path), path.parent, clicks)
+    n, ops_total = len(feeds.runs), _ops_total(path)
     try:
         gpu, gpu_sum, log = run_on(path, "gpu", feeds, timeout)
     except WorkerFailed as e:  # the GPU path crashed: a verdict, not an abort (the CPU path is still run)
-        run_on(path, "cpu", feeds, timeout)
-        res = parse_delegate_log(e.log, _ops_total(path))
+        cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
+        res = parse_delegate_log(e.log, ops_total)
+        names = list(cpu_sum["outputs"])
+        has_masks = kind == "decoder" and set(MASK_OUTPUTS) <= set(names)
         why = [str(e)] + [f"WebGPU validation error (GPU results void): {x}" for x in res.gpu_errors]
-        return FileReport(str(path), kind, "failed", res, {}, len(feeds.runs), feeds.source, None, why)
+        slow = any(x in e.log for x in _DEADLINE) and not res.gpu_errors
+        seg = None
+        if slow:
+            why[0] = f"the whole-graph GPU run missed the delegate's 2-min deadline ({e})"
+            try:
+                seg = _segmented(path, feeds, cpu, names, ops_total, timeout, has_masks)
+            except WorkerFailed as s_err:  # e.g. an fp16-weight FULLY_CONNECTED cannot fall back to the CPU
+                why.append(f"node segments impossible: {s_err}")
+        if seg is None:
+            # resident but too slow for this device to produce numbers: a device limit, not a graph fault
+            verdict = "device-limit" if slow and res.resident else "failed"
+            return FileReport(str(path), kind, verdict, res, {}, n, feeds.source, None, why)
+        segments, outputs, masks = seg
+        verdict, failures = verdict_of(res, outputs, masks)
+        seconds = {"cpu_load": cpu_sum["load_s"], "cpu_run_mean": float(np.mean(cpu_sum["run_s"]))}
+        return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds, segments)
     cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
-    res = parse_delegate_log(log, _ops_total(path))
+    res = parse_delegate_log(log, ops_total)
     res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
-    n = len(feeds.runs)
-    stacked = {
-        a: {o: np.stack([out[f"{i}/{o}"] for i in range(n)]) for o in gpu_sum["outputs"]}
-        for a, out in (("gpu", gpu), ("cpu", cpu))
-    }
-    outputs = {o: compare(stacked["gpu"][o], stacked["cpu"][o]) for o in gpu_sum["outputs"]}
+    outputs = _compare_runs(gpu, cpu, list(gpu_sum["outputs"]), n)
     has_masks = kind == "decoder" and set(MASK_OUTPUTS) <= set(gpu_sum["outputs"])
     masks = _decoder_masks(feeds.prompts, gpu, cpu) if has_masks else None
     verdict, failures = verdict_of(res, outputs, masks)
@@ -344,7 +410,14 @@ def format_report(r: FileReport) -> str:
         mi = r.mask_iou
         lines.append(
             f"  mask IoU GPU vs CPU over {mi['clicks']} clicks on {len(mi['photos'])} photos: "
-            f"median {mi['median']:.5f}, worst {mi['worst']:.5f}, same candidate {mi['selection_agreement']:.0%}"
+            f"median {mi['iou_median']:.5f}, worst {mi['iou_worst']:.5f}, "
+            f"same candidate {mi['selection_agreement']:.0%}"
+        )
+    if r.segments:
+        spans = ", ".join(f"{g['nodes'][0]}-{g['nodes'][1] - 1}" for g in r.segments)
+        lines.append(
+            f"  numerics in {len(r.segments)} GPU segments (whole graph missed the delegate's 2-min deadline): "
+            f"nodes {spans}; worst segment shown"
         )
     per_run = f"; GPU {r.seconds['gpu_run_mean']:.3f} s/run" if "gpu_run_mean" in r.seconds else ""
     lines.append(f"  inputs: {r.inputs_source}; {r.runs} run(s){per_run}")
@@ -370,6 +443,7 @@ def summarize(r: FileReport) -> dict:
         "mask_iou": r.mask_iou,
         "failures": r.failures,
         "inputs": r.inputs_source,
+        "segments": r.segments,
     }
 
 

@@ -24,11 +24,15 @@ import numpy as np
 
 def _options(accel: str, threads: int):
     from ai_edge_litert.cpu_options import CpuOptions
+    from ai_edge_litert.gpu_options import GpuOptions
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator as HA
     from ai_edge_litert.options import Options
 
     hw = HA.GPU | HA.CPU if accel == "gpu" else HA.CPU
-    return Options(hardware_accelerators=hw, cpu_options=CpuOptions(num_threads=threads))
+    # Without the completion hint, reading an output after a long GPU run (> ~1 min on SwiftShader: the
+    # full-size encoder, or 8 Hiera stage-1 blocks) fails with "Failed to lock custom tensor buffer".
+    gpu = GpuOptions(hint_waiting_for_completion=True)
+    return Options(hardware_accelerators=hw, cpu_options=CpuOptions(num_threads=threads), gpu_options=gpu)
 
 
 def run(model_path: str, accel: str, feeds_path: str, out_path: str, threads: int) -> dict:

@@ -20,8 +20,8 @@ Programs are lowered with ``executorch.backends.webgpu.WebGPUPartitioner``. The 
 no Vulkan/WebGPU program, so the same exported graphs are also lowered to XNNPACK (with the exact XNNPACK
 legalization of ``executorch_lower``; portable kernels for the rest) and run against upstream's operations
 at 512 on 5 click and 5 box prompts on real photos (mask IoU, all three candidates); the result is in
-fidelity.json. Status so far: on test-small synthetic weights the twin misses the 1.000 bar (worst IoU
-0.987, masks cosine 0.99988) although the eager graphs match upstream to 1e-7 (tests); not yet bisected.
+fidelity.json. Inputs are passed contiguous: ExecuTorch reads a strided tensor's storage as if dense (a permuted
+image_pe fed that way cost the twin 0.013 of mask IoU).
 """
 
 from __future__ import annotations
@@ -145,7 +145,9 @@ def verify_on_cpu(programs: dict, model: Sam2ImageModel, ref: EagerBackend, fold
         meth[name] = rt.load_program(path).load_method("forward")
     tables = prompt_tables(model)
     pe = model.sam_prompt_encoder
-    image_pe, dense = pe.image_pe.detach(), pe.no_mask_dense.detach()
+    # ExecuTorch reads an input's storage as contiguous whatever its strides: a permuted buffer such as
+    # image_pe would be fed transposed (this was the twin's 0.987 IoU), so every input is made dense.
+    image_pe, dense = pe.image_pe.detach().contiguous(), pe.no_mask_dense.detach().contiguous()
     worst: dict[str, float] = {}
     rows, current = [], None
     for p in (p for p in click_set(VERIFY_PROMPTS) if p.kind in ("point", "box")):

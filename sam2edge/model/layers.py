@@ -22,6 +22,7 @@ class Rewrites:
     transposed_conv: str = "zero_stuff"  # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d
     layer_norm: str = "safe"  # "safe": scale-before-square; "native": F.layer_norm / upstream LayerNorm2d
     mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
+    texture_limit: int = 8192  # split batched attention so each matmul operand fits a GPU texture side; 0: never
 
     def __post_init__(self) -> None:
         checks = {
@@ -34,11 +35,37 @@ class Rewrites:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
+        if self.texture_limit < 0:
+            raise ValueError(f"Rewrites.texture_limit={self.texture_limit}; allowed: 0 (off) or a positive side")
 
 
 UPSTREAM = Rewrites(
-    attention_rank=4, attention_impl="sdpa", transposed_conv="native", layer_norm="native", mask_head="matmul"
+    attention_rank=4,
+    attention_impl="sdpa",
+    transposed_conv="native",
+    layer_norm="native",
+    mask_head="matmul",
+    texture_limit=0,
 )
+
+
+def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: int) -> int:
+    """Largest batch slice whose attention matmuls fit GPU textures of side ``texture_limit``.
+
+    ML Drift (LiteRT's GPU delegate) stores the right-hand operand of a BATCH_MATMUL
+    (batch, K, N) as a 2-D texture of ceil(N/4) x batch*ceil(K/4) texels (measured from the
+    delegate's WebGPU validation errors on the full-size encoder: all seven oversized textures fit
+    this rule). In q k^T the contraction is d; in softmax(.) v it is Nk. Hiera's windowed blocks
+    batch up to 1024 windows (stage 1: 1024 x 24 = 24576 rows), so they run in slices. Returns
+    ``batch`` when no split is needed or ``texture_limit`` is 0; at least 1.
+    """
+    if not texture_limit:
+        return batch
+    rows_per_item = num_heads * math.ceil(max(d, nk) / 4)  # texture rows one batch item needs
+    if batch * rows_per_item <= texture_limit:
+        return batch
+    pieces = math.ceil(batch / max(1, texture_limit // rows_per_item))  # fewest slices that fit
+    return math.ceil(batch / pieces)  # equal slices, each no larger than the largest that fits
 
 
 def attention(
@@ -53,8 +80,29 @@ def attention(
 
     q: (B, Nq, C), k: (B, Nk, C), v: (B, Nk, Cv) with C, Cv divisible by num_heads.
     key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
-    Returns (B, Nq, Cv). No tensor above rank 4 is created.
+    Returns (B, Nq, Cv). No tensor above rank 4 is created. With ``rw.texture_limit`` the batch
+    is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
     """
+    B, Nk = q.shape[0], k.shape[1]
+    step = attention_chunk(B, num_heads, q.shape[2] // num_heads, Nk, rw.texture_limit)
+    if step >= B:
+        return _attention(q, k, v, num_heads, rw, key_bias)
+    outs = []
+    for i in range(0, B, step):
+        kb = None if key_bias is None else key_bias[i : i + step]
+        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb))
+    return torch.cat(outs, 0)  # (B, Nq, Cv)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    rw: Rewrites,
+    key_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C), (B, Nk, Cv) -> (B, Nq, Cv)."""
     B, Nq, C = q.shape
     Nk, Cv = k.shape[1], v.shape[2]
     d, dv = C // num_heads, Cv // num_heads

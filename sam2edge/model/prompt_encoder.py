@@ -68,7 +68,7 @@ class PromptEncoder(nn.Module):
     @torch.no_grad()
     def refresh_constants(self) -> None:
         e = self.embed_size
-        self.image_pe = self.pe_layer.dense(e)  # (1, C, e, e)
+        self.image_pe = self.pe_layer.dense(e).contiguous()  # (1, C, e, e)
         self.no_mask_dense = self.no_mask_embed.weight.detach().reshape(1, -1, 1, 1).expand(1, -1, e, e).contiguous()
         self.label_embed = torch.cat([p.weight.detach() for p in self.point_embeddings], dim=0)  # (4, C)
 
