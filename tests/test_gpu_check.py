@@ -295,3 +295,27 @@ def test_too_slow_and_unsegmentable_is_device_limit(toys, monkeypatch):
     r = check_file(folder / "clean.tflite")
     assert r.verdict == "device-limit" and r.residency.resident
     assert "2-min deadline" in r.failures[0] and "segments impossible" in r.failures[1], r.failures
+
+
+def test_record_stores_the_check_in_a_bundle(toys, tmp_path, capsys):
+    """`gpu-check DIR --record`: the result lands in fidelity.json and card.json; the manifest stays valid."""
+    import shutil
+
+    from sam2edge.export.bundle import finalize_bundle, load_card, verify_manifest
+
+    folder, _ = toys
+    b = tmp_path / "bundle"
+    b.mkdir()
+    shutil.copy(folder / "clean.tflite", b / "clean.tflite")
+    finalize_bundle(b, target="litert", precision="fp32", resolution=256, config="test-small",
+                    source={"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
+                    command="test", fidelity={"passed": True}, artifacts={"clean.tflite": "encoder"})
+    assert main(["gpu-check", str(b), "--record"]) == 0
+    rec = json.loads((b / "fidelity.json").read_text())["checks"]["gpu_delegate"]
+    assert rec["files"]["clean.tflite"]["verdict"] == "resident" and "--record" in rec["command"]
+    assert load_card(b)["fidelity"]["checks"]["gpu_delegate"] == rec
+    assert verify_manifest(b) == []
+    capsys.readouterr()
+    assert main(["gpu-check", str(folder), "--record"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "card.json" in err[0]

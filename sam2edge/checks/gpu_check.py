@@ -447,6 +447,33 @@ def summarize(r: FileReport) -> dict:
     }
 
 
+def bundle_record(reports: list[FileReport]) -> dict:
+    """fidelity.json ``checks.gpu_delegate``: environment, bars, one summary per file, all_resident."""
+    device = next((r.residency.device for r in reports if r.residency.device), "")
+    return {
+        "environment": environment(device),
+        "bars": BARS,
+        "files": {Path(r.path).name: summarize(r) for r in reports},
+        "all_resident": all(r.verdict == "resident" for r in reports),
+    }
+
+
+def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str) -> None:
+    """Replace fidelity.json ``checks.gpu_delegate`` of an export bundle, mirror it in card.json, rewrite the
+    manifest (``sam2edge gpu-check DIR --record``: re-check a bundle on another device or LiteRT version)."""
+    from sam2edge.export.bundle import CARD, FIDELITY, load_card, write_json, write_manifest
+
+    folder = Path(folder)
+    card = load_card(folder)
+    path = folder / FIDELITY
+    fidelity = json.loads(path.read_text()) if path.is_file() else dict(card.get("fidelity") or {})
+    fidelity.setdefault("checks", {})["gpu_delegate"] = dict(bundle_record(reports), command=command)
+    write_json(path, fidelity)
+    card["fidelity"] = fidelity
+    write_json(folder / CARD, card)
+    write_manifest(folder)
+
+
 def export_check(ctx) -> dict:
     """``export.litert.POST_EXPORT_CHECKS`` entry: GPU-check every staged .tflite of a LiteRT export.
 
@@ -454,13 +481,7 @@ def export_check(ctx) -> dict:
     refuses the export (UserError naming the file and why) unless ``ctx.allow_dirty``.
     """
     reports = [check_file(ctx.folder / f) for f in sorted(ctx.files) if f.endswith(".tflite")]
-    device = next((r.residency.device for r in reports if r.residency.device), "")
-    record = {
-        "environment": environment(device),
-        "bars": BARS,
-        "files": {Path(r.path).name: summarize(r) for r in reports},
-        "all_resident": all(r.verdict == "resident" for r in reports),
-    }
+    record = bundle_record(reports)
     bad = next((r for r in reports if r.verdict not in ("resident", "device-limit")), None)
     if bad is not None and not getattr(ctx, "allow_dirty", False):
         why = bad.failures[0] if bad.failures else bad.verdict
