@@ -321,7 +321,10 @@ def test_card_shows_the_gpu_delegate_check(fixture_bundle: Path, tmp_path: Path)
                                "outputs": {"image_embeddings": out, "feat_s0": {**out, "cosine": 0.99995}},
                                "mask_iou": None, "segments": [{"nodes": [0, 640]}, {"nodes": [640, 1280]}]},
             "decoder.tflite": {"verdict": "mismatch", "ops_gpu": 386, "ops_total": 386, "partitions": 1,
-                               "outputs": {"masks": out}, "mask_iou": {"iou_worst": 0.5}, "segments": []},
+                               "outputs": {"masks": out}, "mask_iou": {"iou_worst": 0.5}, "segments": [],
+                               "failures": ["decoder mask IoU worst 0.5000 < 0.99"]},
+            "mask_encoder.tflite": {"verdict": "device-limit", "ops_gpu": 29, "ops_total": 29, "partitions": 1,
+                                    "outputs": {}, "mask_iou": None, "failures": ["too slow"]},
         },
     }}
     fid_path.write_text(json.dumps(fid))
@@ -331,4 +334,6 @@ def test_card_shows_the_gpu_delegate_check(fixture_bundle: Path, tmp_path: Path)
     assert _table(text, "## GPU delegate (software GPU)") == [
         ["`encoder.tflite`", "resident", "1280/1280", "1", "0.9999500", "-", "2 node segments"],
         ["`decoder.tflite`", "mismatch", "386/386", "1", "0.9999999", "0.50000", "whole graph"],
+        ["`mask_encoder.tflite`", "device-limit", "29/29", "1", "-", "-", "-"],
     ]
+    assert "- `decoder.tflite` on the software GPU: mismatch: decoder mask IoU worst 0.5000 < 0.99" in text

@@ -316,7 +316,7 @@ def gpu_delegate(fid: dict) -> list[str]:
         cos = min((m["cosine"] for m in outs.values()), default=None)
         mi = f.get("mask_iou") or {}
         segs = f.get("segments") or []
-        how = f"{len(segs)} node segments" if segs else "whole graph"
+        how = f"{len(segs)} node segments" if segs else ("whole graph" if outs else "-")
         rows.append([f"`{name}`", f.get("verdict", "-"), f"{f.get('ops_gpu', '-')}/{f.get('ops_total', '-')}",
                      str(f.get("partitions", "-")), _num(cos, 7), _num(mi.get("iou_worst"), 5), how])
     lines += _table(["File", "Verdict", "Ops on GPU", "Partitions", "Cosine (worst output)", "Mask IoU worst",
@@ -355,6 +355,9 @@ def pitfalls(card: dict, fid: dict) -> list[str]:
     if isinstance(lint, dict):
         items += [f"`{f}` lint: {x['verdict']}" for f, x in lint.items() if isinstance(x, dict) and x.get("verdict")]
     items += [f"Failed bar at export: {f}" for f in fid.get("failures", [])]
+    gpu = ((fid.get("checks") or {}).get("gpu_delegate") or {}).get("files", {})
+    items += [f"`{f}` on the software GPU: {r['verdict']}: {'; '.join(r.get('failures') or [])[:300]}"
+              for f, r in gpu.items() if r.get("verdict") != "resident"]
     return ["## Pitfalls", "", *[f"- {i}" for i in items], ""] if items else []
 
 
