@@ -211,10 +211,10 @@ FASTEST_FIRST = ("onnx", "litert", "executorch")
 TARGET = next((t for t in FASTEST_FIRST if t in TARGETS), next(iter(TARGETS)))
 
 
-def _export(target: str, cwd: Path, monkeypatch) -> Path:
+def _export(target: str, cwd: Path, monkeypatch, precision: str = "fp32") -> Path:
     """The same export command (relative --out) run in ``cwd``."""
     monkeypatch.chdir(cwd)
-    assert main(["export", "--target", target, "--precision", "fp32", "--config", "test-small", "--out", "b"]) == 0
+    assert main(["export", "--target", target, "--precision", precision, "--config", "test-small", "--out", "b"]) == 0
     return cwd / "b"
 
 
@@ -239,11 +239,14 @@ def test_reexport_is_byte_identical(exported: Path, tmp_path: Path, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_reexport_is_byte_identical_every_target(target: str, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "target, precision", [(t, "fp32") for t in sorted(TARGETS)] + [("litert", "fp16")]
+)
+def test_reexport_is_byte_identical_every_target(target: str, precision: str, tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    a, b = _export(target, tmp_path / "one", monkeypatch), _export(target, tmp_path / "two", monkeypatch)
+    a = _export(target, tmp_path / "one", monkeypatch, precision)
+    b = _export(target, tmp_path / "two", monkeypatch, precision)
     assert _artifact_shas(a) == _artifact_shas(b)
 
 

@@ -122,7 +122,7 @@ def decoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int
     size = 16 * e
     ctx = _bundle_context(folder, d_model, size) if folder is not None else None
     if ctx is not None:
-        (encode, tables), source = ctx, f"bundle {folder} (encoder.tflite on LiteRT CPU, host tables)"
+        (encode, tables), source = ctx, "the bundle's encoder.tflite on LiteRT CPU, its host tables"
     else:
         encode, tables, name = _synthetic_context(d_model, size)
         source = f"synthetic checkpoint, config {name} at {size}px (no bundle next to the file)"
