@@ -338,20 +338,20 @@ def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = 
     vulkan_icd()
     kind, feeds = build_feeds(_signature_inputs(path), path.parent, clicks)
     n, ops_total = len(feeds.runs), _ops_total(path)
+    segments: list[dict] = []
     try:
         gpu, gpu_sum, log = run_on(path, "gpu", feeds, timeout)
     except WorkerFailed as e:  # the GPU path crashed: a verdict, not an abort (the CPU path is still run)
         cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
         res = parse_delegate_log(e.log, ops_total)
         names = list(cpu_sum["outputs"])
-        has_masks = kind == "decoder" and set(MASK_OUTPUTS) <= set(names)
         why = [str(e)] + [f"WebGPU validation error (GPU results void): {x}" for x in res.gpu_errors]
         slow = any(x in e.log for x in _DEADLINE) and not res.gpu_errors
         seg = None
         if slow:
             why[0] = f"the whole-graph GPU run missed the delegate's 2-min deadline ({e})"
             try:
-                seg = _segmented(path, feeds, cpu, names, ops_total, timeout, has_masks)
+                seg = _segmented(path, feeds, cpu, names, ops_total, timeout, _has_masks(kind, names))
             except WorkerFailed as s_err:  # e.g. an fp16-weight FULLY_CONNECTED cannot fall back to the CPU
                 why.append(f"node segments impossible: {s_err}")
         if seg is None:
@@ -359,23 +359,23 @@ def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = 
             verdict = "device-limit" if slow and res.resident else "failed"
             return FileReport(str(path), kind, verdict, res, {}, n, feeds.source, None, why)
         segments, outputs, masks = seg
-        verdict, failures = verdict_of(res, outputs, masks)
-        seconds = {"cpu_load": cpu_sum["load_s"], "cpu_run_mean": float(np.mean(cpu_sum["run_s"]))}
-        return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds, segments)
-    cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
-    res = parse_delegate_log(log, ops_total)
-    res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
-    outputs = _compare_runs(gpu, cpu, list(gpu_sum["outputs"]), n)
-    has_masks = kind == "decoder" and set(MASK_OUTPUTS) <= set(gpu_sum["outputs"])
-    masks = _decoder_masks(feeds.prompts, gpu, cpu) if has_masks else None
+        seconds = {}
+    else:
+        cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
+        res = parse_delegate_log(log, ops_total)
+        res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
+        names = list(gpu_sum["outputs"])
+        outputs = _compare_runs(gpu, cpu, names, n)
+        masks = _decoder_masks(feeds.prompts, gpu, cpu) if _has_masks(kind, names) else None
+        seconds = {"gpu_load": gpu_sum["load_s"], "gpu_run_mean": float(np.mean(gpu_sum["run_s"]))}
+    seconds.update(cpu_load=cpu_sum["load_s"], cpu_run_mean=float(np.mean(cpu_sum["run_s"])))
     verdict, failures = verdict_of(res, outputs, masks)
-    seconds = {
-        "gpu_load": gpu_sum["load_s"],
-        "gpu_run_mean": float(np.mean(gpu_sum["run_s"])),
-        "cpu_load": cpu_sum["load_s"],
-        "cpu_run_mean": float(np.mean(cpu_sum["run_s"])),
-    }
-    return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds)
+    return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds, segments)
+
+
+def _has_masks(kind: str, names: list[str]) -> bool:
+    """A decoder whose outputs include the ones the mask IoU reads."""
+    return kind == "decoder" and set(MASK_OUTPUTS) <= set(names)
 
 
 def tflite_files(target: str | Path) -> list[Path]:
@@ -461,17 +461,11 @@ def bundle_record(reports: list[FileReport]) -> dict:
 def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str) -> None:
     """Replace fidelity.json ``checks.gpu_delegate`` of an export bundle, mirror it in card.json, rewrite the
     manifest (``sam2edge gpu-check DIR --record``: re-check a bundle on another device or LiteRT version)."""
-    from sam2edge.export.bundle import CARD, FIDELITY, load_card, write_json, write_manifest
+    from sam2edge.export.bundle import record_fidelity
 
-    folder = Path(folder)
-    card = load_card(folder)
-    path = folder / FIDELITY
-    fidelity = json.loads(path.read_text()) if path.is_file() else dict(card.get("fidelity") or {})
-    fidelity.setdefault("checks", {})["gpu_delegate"] = dict(bundle_record(reports), command=command)
-    write_json(path, fidelity)
-    card["fidelity"] = fidelity
-    write_json(folder / CARD, card)
-    write_manifest(folder)
+    entry = dict(bundle_record(reports), command=command)
+    record_fidelity(Path(folder), ("checks", "gpu_delegate"), entry, "gpu-check --record")
+
 
 
 def export_check(ctx) -> dict:

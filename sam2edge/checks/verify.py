@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 from sam2edge.checks.fidelity import Prompt, click_set, compare, end_to_end, photo
 from sam2edge.config import CONFIGS, Sam2Config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import CARD, FIDELITY, load_card, write_json, write_manifest
+from sam2edge.export.bundle import load_card, record_fidelity
 from sam2edge.progress import Progress, stage
 from sam2edge.runtime.backends import BACKENDS, Decoded, EagerBackend, Features
 from sam2edge.runtime.predictor import Sam2Predictor
@@ -219,18 +218,4 @@ def verify_bundle(
 def record_report(folder: str | Path, report: dict, command: str) -> dict:
     """Store ``report`` as fidelity.json's ``verify`` entry (export-time entries kept), mirror it into
     card.json ``fidelity``, and rewrite manifest.json. Returns the new fidelity document."""
-    folder = Path(folder)
-    path = folder / FIDELITY
-    fidelity = {}
-    if path.is_file():
-        try:
-            fidelity = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise UserError(f"{path} is not valid JSON; delete it and run verify again") from None
-    fidelity["verify"] = dict(report, command=command)
-    write_json(path, fidelity)
-    card = load_card(folder)
-    card["fidelity"] = fidelity
-    write_json(folder / CARD, card)
-    write_manifest(folder)
-    return fidelity
+    return record_fidelity(Path(folder), ("verify",), dict(report, command=command), "verify")

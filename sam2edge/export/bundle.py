@@ -89,6 +89,31 @@ def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def record_fidelity(folder: Path, keys: tuple[str, ...], entry: dict, rerun: str) -> dict:
+    """Store ``entry`` at ``keys`` (e.g. ("checks", "gpu_delegate")) in a bundle's fidelity.json (empty when
+    absent; other entries kept), mirror the document into card.json ``fidelity`` and rewrite manifest.json.
+    ``rerun`` names the command to run again after deleting a broken fidelity.json. Returns the document.
+    Used by ``verify`` and ``gpu-check --record``."""
+    folder = Path(folder)
+    card = load_card(folder)
+    path = folder / FIDELITY
+    fidelity = {}
+    if path.is_file():
+        try:
+            fidelity = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{path} is not valid JSON; delete it and run {rerun} again") from None
+    node = fidelity
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = entry
+    write_json(path, fidelity)
+    card["fidelity"] = fidelity
+    write_json(folder / CARD, card)
+    write_manifest(folder)
+    return fidelity
+
+
 def finalize_bundle(
     folder: Path,
     *,
