@@ -335,7 +335,7 @@ def test_card_shows_the_gpu_delegate_check(fixture_bundle: Path, tmp_path: Path)
     text = (fixture_bundle / "README.md").read_text()
     assert "SwiftShader Device (Subzero) · 2.3.0" in text
     assert _table(text, "## GPU delegate (software GPU)") == [
-        ["`encoder.tflite`", "resident", "1280/1280", "1", "0.9999500", "-", "2 node segments"],
+        ["`encoder.tflite`", "resident", "1280/1280", "1", "0.9999500", "-", "GPU run in 2 chained pieces"],
         ["`decoder.tflite`", "mismatch", "386/386", "1", "0.9999999", "0.50000", "whole graph"],
         ["`mask_encoder.tflite`", "device-limit", "29/29", "1", "-", "-", "-"],
     ]

@@ -246,46 +246,93 @@ def test_texture_limit_is_device_limit_not_a_graph_verdict():
     assert verdict_of(other, {"masks": {"cosine": 0.0}}, None)[0] == "mismatch"
 
 
-@pytest.mark.parametrize("gpu_node_limit", [None, 2])
-def test_graph_past_the_deadline_is_checked_in_segments(toys, monkeypatch, gpu_node_limit):
-    """A whole-graph GPU run that misses the delegate's 2-min deadline is re-run in node segments on the real
-    delegate (LITERT_GPU_DEBUG_EXCLUDE_NODES): together the segments put every node on the GPU once; a segment
-    that misses the deadline too (here: more than ``gpu_node_limit`` nodes) is halved."""
-    folder, _ = toys
-    real = gpu_check._run_worker
-    total = lint_file(folder / "clean.tflite").nodes
+@pytest.fixture(scope="module")
+def fp16_decoder(tmp_path_factory):
+    from sam2edge.export.litert import convert_graph, graphs
+    from sam2edge.runtime.litert_backend import DECODER_FILE
 
-    def deadline(path, accel, feeds_file, out_file, env, timeout):
-        summary, log = real(path, accel, feeds_file, out_file, env, timeout)
-        excluded = env.get("LITERT_GPU_DEBUG_EXCLUDE_NODES")
-        on_gpu = total if excluded is None else total - len(excluded.split(","))
-        if accel == "gpu" and (excluded is None or (gpu_node_limit and on_gpu > gpu_node_limit)):
+    model = build_sam2(TEST_SMALL, Rewrites())
+    model.load_state_dict(synthetic_state_dict(TEST_SMALL, 0))
+    module, kwargs = graphs(model, 8)[DECODER_FILE]
+    path = tmp_path_factory.mktemp("fp16") / "decoder.tflite"
+    convert_graph(module, kwargs, path, "fp16")
+    return path
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_pieces_chain_to_the_whole_graph(rank_decoders, fp16_decoder, precision):
+    """Cut into pieces and chained on the CPU, a graph gives the whole graph's outputs; fp16 weights'
+    DEQUANTIZE ops travel with their readers, so no piece hands a weight to the next."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from sam2edge.checks.tflite_slice import constant_ops, cut, load_model, signature_tensors
+
+    path = rank_decoders[4] if precision == "fp32" else fp16_decoder
+    total = lint_file(path).nodes
+    whole = Interpreter(model_path=str(path)).get_signature_runner()
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(d["shape"]).astype(np.float32) for k, d in whole.get_input_details().items()}
+    ref = whole(**feeds)
+    model = load_model(path)
+    ins, outs = signature_tensors(model)
+    values = {t: feeds[k] for k, t in ins.items()}
+    bounds = np.linspace(0, total, 5).round().astype(int).tolist()
+    folded = sorted(constant_ops(model))
+    if folded:  # also cut right after a weight's DEQUANTIZE, between it and its reader
+        bounds = sorted(set(bounds) | {folded[len(folded) // 2] + 1})
+    pieces = [cut(path, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    for p in pieces:
+        got = Interpreter(model_content=p.data).get_signature_runner()(**{k: values[t] for k, t in p.inputs.items()})
+        values.update({t: got[k] for k, t in p.outputs.items()})
+        assert p.outputs, (p.start, p.end)
+    for k, t in outs.items():
+        assert np.abs(values[t] - ref[k]).max() <= 1e-6 * np.abs(ref[k]).max(), k
+    folded_out = {int(t) for i in folded for t in model.subgraphs[0].operators[i].outputs}
+    assert all(not set(p.outputs.values()) & folded_out for p in pieces), "a piece hands a weight on"
+    assert precision == "fp32" or any(b == folded[len(folded) // 2] + 1 for b in bounds[1:-1])
+
+
+@pytest.mark.parametrize("gpu_node_limit", [None, 100])
+def test_graph_past_the_deadline_is_run_in_pieces(rank_decoders, monkeypatch, gpu_node_limit):
+    """A whole-graph GPU run that misses the delegate's 2-min deadline is re-run as chained pieces on the real
+    delegate: every operator runs on the GPU once, and the last pieces' outputs are the graph's GPU outputs
+    (mask IoU included); a piece that misses the deadline too (here: more than ``gpu_node_limit`` operators)
+    is halved."""
+    path = rank_decoders[4]
+    real = gpu_check._run_worker
+    total = lint_file(path).nodes
+
+    def deadline(model, accel, feeds_file, out_file, env, timeout):
+        summary, log = real(model, accel, feeds_file, out_file, env, timeout)
+        ops = lint_file(model).nodes
+        if accel == "gpu" and (model == path or (gpu_node_limit and ops > gpu_node_limit)):
             raise gpu_check.WorkerFailed("GPU run failed (exit 1)", log + "\nTimed out waiting for future: 2m\n")
         return summary, log
 
     monkeypatch.setattr(gpu_check, "_run_worker", deadline)
     monkeypatch.setattr(gpu_check, "FIRST_SEGMENTS", 2)
-    r = check_file(folder / "clean.tflite")
+    r = check_file(path, clicks=20)
     assert r.verdict == "resident", r.failures
     assert r.residency.ops_gpu == total and r.residency.partitions == 1  # residency: the whole graph's load
     spans = [s["nodes"] for s in r.segments]
     assert spans[0][0] == 0 and spans[-1][1] == total
-    assert len(spans) == 2 if gpu_node_limit is None else all(b - a <= gpu_node_limit for a, b in spans)
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-    assert all(s["ops_gpu"] == s["nodes"][1] - s["nodes"][0] for s in r.segments), r.segments
+    assert len(spans) == 2 if gpu_node_limit is None else all(b - a <= gpu_node_limit for a, b in spans)
+    assert all(s["ops_gpu"] == s["ops"] for s in r.segments), r.segments  # each piece whole on the GPU
     assert all(m["cosine"] >= 0.9999 for m in r.outputs.values())
-    assert "GPU segments" in gpu_check.format_report(r)
+    assert r.mask_iou["clicks"] == 20 and r.mask_iou["iou_worst"] >= 0.99
+    assert "chained pieces" in gpu_check.format_report(r)
 
 
-def test_too_slow_and_unsegmentable_is_device_limit(toys, monkeypatch):
-    """Whole graph past the deadline and segments impossible (an fp16-weight FULLY_CONNECTED cannot fall back to
-    the CPU): resident placement, no numbers -> device-limit with both reasons, not a refused graph."""
+def test_too_slow_and_unsplittable_is_device_limit(toys, monkeypatch):
+    """Whole graph past the deadline and the pieces cannot run either: resident placement, no numbers ->
+    device-limit with both reasons, not a refused graph."""
     folder, _ = toys
     real = gpu_check._run_worker
 
     def slow(path, accel, feeds_file, out_file, env, timeout):
         summary, log = real(path, accel, feeds_file, out_file, env, timeout)
-        if accel == "gpu" and "LITERT_GPU_DEBUG_EXCLUDE_NODES" not in env:
+        if accel == "gpu" and path == folder / "clean.tflite":
             raise gpu_check.WorkerFailed("GPU run failed (exit 1)", log + "\nTimed out waiting for future: 2m\n")
         if accel == "gpu":
             raise gpu_check.WorkerFailed("GPU run failed (exit 1): Node number 3 (FULLY_CONNECTED) failed", log)
@@ -294,7 +341,7 @@ def test_too_slow_and_unsegmentable_is_device_limit(toys, monkeypatch):
     monkeypatch.setattr(gpu_check, "_run_worker", slow)
     r = check_file(folder / "clean.tflite")
     assert r.verdict == "device-limit" and r.residency.resident
-    assert "2-min deadline" in r.failures[0] and "segments impossible" in r.failures[1], r.failures
+    assert "2-min deadline" in r.failures[0] and "in pieces impossible" in r.failures[1], r.failures
 
 
 def test_record_stores_the_check_in_a_bundle(toys, tmp_path, capsys):

@@ -316,7 +316,7 @@ def gpu_delegate(fid: dict) -> list[str]:
         cos = min((m["cosine"] for m in outs.values()), default=None)
         mi = f.get("mask_iou") or {}
         segs = f.get("segments") or []
-        how = f"{len(segs)} node segments" if segs else ("whole graph" if outs else "-")
+        how = f"GPU run in {len(segs)} chained pieces" if segs else ("whole graph" if outs else "-")
         rows.append([f"`{name}`", f.get("verdict", "-"), f"{f.get('ops_gpu', '-')}/{f.get('ops_total', '-')}",
                      str(f.get("partitions", "-")), _num(cos, 7), _num(mi.get("iou_worst"), 5), how])
     lines += _table(["File", "Verdict", "Ops on GPU", "Partitions", "Cosine (worst output)", "Mask IoU worst",

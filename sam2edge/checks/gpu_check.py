@@ -65,13 +65,12 @@ _NONE = re.compile(r"No operations will run on the GPU, and all (?P<cpu>\d+) ope
 _REJECT_HEAD = "Following operations are not supported by GPU delegate:"
 _REJECT = re.compile(r"^(?P<op>[A-Z][A-Z0-9_]*): (?P<reason>.+)$")
 _PARTITION = "Initializing WebGPU-based API from graph."
-_EXCLUDED = re.compile(r"Excluding node (?P<node>\d+) .*from WebGPU delegation")  # LITERT_GPU_DEBUG_EXCLUDE_NODES
 _VALIDATION = re.compile(r"Validation error: (?P<msg>.+)$")  # Dawn refused a GPU object: outputs undefined
 _TEXTURE_LIMIT = "exceeded maximum texture size"  # the device's limit, not the graph's fault
 MASK_OUTPUTS = ("masks", "iou_scores", "single_mask")  # decoder outputs the mask IoU reads
 _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize WebGPU environment")
 # The delegate waits at most 2 minutes for a GPU run ("Timed out waiting for future: 2m"); a graph that takes
-# longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then checked in node segments.
+# longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then run on the GPU in pieces.
 _DEADLINE = ("Timed out waiting for future", "Failed to lock custom tensor buffer")
 FIRST_SEGMENTS = 4  # equal node ranges to start with; one that misses the deadline is halved and retried
 
@@ -105,8 +104,8 @@ class FileReport:
     mask_iou: dict | None = None  # decoder: {clicks, median, worst, selection_agreement, photos}
     failures: list[str] = field(default_factory=list)  # why the verdict is not "resident"
     seconds: dict[str, float] = field(default_factory=dict)  # gpu/cpu load and mean run time
-    # numerics taken in node segments (whole graph too slow for the delegate's deadline): one entry per
-    # segment {nodes: [first, end), ops_gpu, cosine_min}; ``outputs`` / ``mask_iou`` then hold the worst segment
+    # whole graph too slow for the delegate's deadline: GPU run in pieces, chained (``_in_pieces``); one entry
+    # per piece {nodes: [first, end), ops, ops_gpu, cosine_min of its outputs vs the CPU's same piece chain}
     segments: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -179,9 +178,8 @@ def parse_delegate_log(log: str, ops_total: int) -> Residency:
         gpu, total = int(split["gpu"]), int(split["gpu"]) + int(split["cpu"])
     elif none:
         gpu, total = 0, int(none["cpu"])
-    else:  # no split line: the delegate took every op not excluded by the debug variable, if it built a partition
-        excluded = {m["node"] for m in map(_EXCLUDED.search, lines) if m}
-        gpu, total = (ops_total - len(excluded) if partitions else 0), ops_total
+    else:  # no split line: the delegate took every op, if it built a partition
+        gpu, total = (ops_total if partitions else 0), ops_total
     adapter = next((m for m in map(_ADAPTER.search, lines) if m), None)
     device = f"{adapter['name']} ({adapter['backend']}, arch {adapter['arch']})" if adapter else ""
     errors = list(dict.fromkeys(m["msg"].strip() for m in map(_VALIDATION.search, lines) if m))
@@ -292,47 +290,68 @@ def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, d
             for o in names}
 
 
-def _segmented(path: Path, feeds: Feeds, cpu: dict, names: list[str], ops_total: int, timeout: float, masks: bool):
-    """Numerics in node segments: each run keeps nodes [a, b) on the GPU and the rest on the CPU
-    (``LITERT_GPU_DEBUG_EXCLUDE_NODES``), so every node runs on the GPU in one of the runs. Starts from
-    ``FIRST_SEGMENTS`` equal ranges; a range whose run misses the deadline is halved and retried.
+def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool):
+    """Whole-graph GPU numerics for a graph too slow for the delegate's 2-minute wait: the graph is cut into
+    pieces of consecutive operators (``tflite_slice``); each piece runs whole on the GPU, fed by the earlier
+    pieces' GPU outputs, so every operator runs on the GPU exactly once and the last pieces give the graph's
+    GPU outputs, compared with the CPU run of the whole graph. The same pieces run on the CPU too, so each
+    piece records how far its GPU outputs (with the GPU error so far) are from the CPU's. Starts from
+    ``FIRST_SEGMENTS`` about equal ranges; a piece that misses the deadline is halved and retried. Cuts avoid
+    outputs that the delegate may merge away (``tflite_slice.best_cut``).
 
-    Returns (segments, worst outputs, worst mask IoU) or None when a single node misses the deadline.
+    Returns (segments, outputs, mask IoU) or None when a single operator misses the deadline.
     """
-    n = len(feeds.runs)
-    bounds = np.linspace(0, ops_total, min(FIRST_SEGMENTS, ops_total) + 1).round().astype(int).tolist()
-    pending = list(zip(bounds[:-1], bounds[1:]))
-    segments, worst, worst_masks = [], {}, None
-    while pending:
-        a, b = pending.pop(0)
-        stage(f"GPU segment: nodes {a}-{b - 1} of {ops_total}")
-        exclude = ",".join(str(i) for i in range(ops_total) if not a <= i < b)
-        try:
-            gpu, _, log = run_on(path, "gpu", feeds, timeout, {"LITERT_GPU_DEBUG_EXCLUDE_NODES": exclude})
-        except WorkerFailed as e:
-            if not any(x in e.log for x in _DEADLINE):
-                raise
-            if b - a == 1:
-                return None
-            pending[:0] = [(a, (a + b) // 2), ((a + b) // 2, b)]
-            continue
-        outs = _compare_runs(gpu, cpu, names, n)
-        segments.append({"nodes": [a, b], "ops_gpu": parse_delegate_log(log, ops_total).ops_gpu,
-                         "cosine_min": min(v["cosine"] for v in outs.values())})
-        for o, v in outs.items():
-            if o not in worst or v["cosine"] < worst[o]["cosine"]:
-                worst[o] = v
-        m = _decoder_masks(feeds.prompts, gpu, cpu) if masks else None
-        if m is not None and (worst_masks is None or m["iou_worst"] < worst_masks["iou_worst"]):
-            worst_masks = m
-    return segments, worst, worst_masks
+    from sam2edge.checks import tflite_slice
+
+    graph = tflite_slice.load_model(path)
+    model_in, model_out = tflite_slice.signature_tensors(graph)
+    ops_total, n = _ops_total(path), len(feeds.runs)
+    # per run and side: full-graph tensor index -> value, starting from the graph's inputs
+    values = {side: [{t: feeds.arrays[run[name]] for name, t in model_in.items()} for run in feeds.runs]
+              for side in ("gpu", "cpu")}
+    bounds = [0]
+    for k in range(1, min(FIRST_SEGMENTS, ops_total)):
+        bounds.append(tflite_slice.best_cut(graph, bounds[-1], round(k * ops_total / FIRST_SEGMENTS), ops_total))
+    bounds.append(ops_total)
+    pending, segments = list(zip(bounds[:-1], bounds[1:])), []
+    with tempfile.TemporaryDirectory(prefix="sam2edge-piece-") as tmp:
+        while pending:
+            a, b = pending.pop(0)
+            stage(f"GPU piece: nodes {a}-{b - 1} of {ops_total}")
+            piece = tflite_slice.cut(path, a, b)
+            file = Path(tmp) / f"nodes_{a}_{b}.tflite"
+            file.write_bytes(piece.data)
+            runs = {}
+            try:
+                for side in ("gpu", "cpu"):
+                    arrays = {f"{i}/{k}": values[side][i][t] for i in range(n) for k, t in piece.inputs.items()}
+                    plan = Feeds(arrays, [{k: f"{i}/{k}" for k in piece.inputs} for i in range(n)])
+                    runs[side] = run_on(file, side, plan, timeout)
+            except WorkerFailed as e:
+                if not any(x in e.log for x in _DEADLINE):
+                    raise
+                if b - a == 1:
+                    return None
+                mid = tflite_slice.best_cut(graph, a, (a + b) // 2, b)
+                pending[:0] = [(a, mid), (mid, b)]
+                continue
+            for side, (out, _, _) in runs.items():
+                for i in range(n):
+                    values[side][i].update({t: out[f"{i}/{k}"] for k, t in piece.outputs.items()})
+            local = _compare_runs(runs["gpu"][0], runs["cpu"][0], list(piece.outputs), n)
+            segments.append({"nodes": [a, b], "ops": piece.ops,
+                             "ops_gpu": parse_delegate_log(runs["gpu"][2], piece.ops).ops_gpu,
+                             "cosine_min": min(v["cosine"] for v in local.values())})
+    gpu = {f"{i}/{o}": values["gpu"][i][model_out[o]] for i in range(n) for o in names}
+    outputs = _compare_runs(gpu, cpu, names, n)
+    return segments, outputs, (_decoder_masks(feeds.prompts, gpu, cpu) if masks else None)
 
 
 def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = DEFAULT_TIMEOUT_S) -> FileReport:
     """GPU-check one .tflite file (inputs chosen by its signature; see ``gpu_feeds``).
 
     Residency always comes from loading the whole graph. When the whole graph's GPU run misses the
-    delegate's fixed 2-minute deadline, numerics are taken in node segments (``_segmented``).
+    delegate's fixed 2-minute deadline, its GPU numerics are taken piece by piece (``_in_pieces``).
     """
     path = Path(path)
     vulkan_icd()
@@ -351,9 +370,9 @@ def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = 
         if slow:
             why[0] = f"the whole-graph GPU run missed the delegate's 2-min deadline ({e})"
             try:
-                seg = _segmented(path, feeds, cpu, names, ops_total, timeout, _has_masks(kind, names))
-            except WorkerFailed as s_err:  # e.g. an fp16-weight FULLY_CONNECTED cannot fall back to the CPU
-                why.append(f"node segments impossible: {s_err}")
+                seg = _in_pieces(path, feeds, cpu, names, timeout, _has_masks(kind, names))
+            except WorkerFailed as s_err:
+                why.append(f"GPU run in pieces impossible: {s_err}")
         if seg is None:
             # resident but too slow for this device to produce numbers: a device limit, not a graph fault
             verdict = "device-limit" if slow and res.resident else "failed"
@@ -416,8 +435,8 @@ def format_report(r: FileReport) -> str:
     if r.segments:
         spans = ", ".join(f"{g['nodes'][0]}-{g['nodes'][1] - 1}" for g in r.segments)
         lines.append(
-            f"  numerics in {len(r.segments)} GPU segments (whole graph missed the delegate's 2-min deadline): "
-            f"nodes {spans}; worst segment shown"
+            f"  GPU run in {len(r.segments)} chained pieces (whole graph missed the delegate's 2-min deadline): "
+            f"nodes {spans}; piece cosine vs CPU: " + ", ".join(f"{g['cosine_min']:.7f}" for g in r.segments)
         )
     per_run = f"; GPU {r.seconds['gpu_run_mean']:.3f} s/run" if "gpu_run_mean" in r.seconds else ""
     lines.append(f"  inputs: {r.inputs_source}; {r.runs} run(s){per_run}")

@@ -5,7 +5,7 @@
   ACCEL     "gpu" (GPU with CPU fallback for the ops the delegate rejects) or "cpu" (XNNPACK only)
   FEEDS.npz ``__feeds__``: a JSON list (as a 0-d str array), one dict per run mapping the signature's input
             name -> key of an array in the same file (feeds share arrays, e.g. one photo's features);
-  OUT.npz   written here: ``{run}/{output name}`` -> float32 array in the signature's output shape.
+  OUT.npz   written here: ``{run}/{output name}`` -> array in the signature's output shape and dtype.
 
 The parent (``gpu_check``) sets the process environment (Vulkan ICD) and reads the delegate's log
 from this process's stderr; stdout carries one JSON line (signature, load and run seconds). Only
@@ -53,12 +53,13 @@ def run(model_path: str, accel: str, feeds_path: str, out_path: str, threads: in
     for i, feed in enumerate(feeds):
         for name, buf in zip(sig["inputs"], ins):
             shape = in_details[name]["shape"]
-            buf.write(np.ascontiguousarray(data[feed[name]], dtype=np.float32).reshape(shape))
+            buf.write(np.ascontiguousarray(data[feed[name]], dtype=in_details[name]["dtype"]).reshape(shape))
         t = time.perf_counter()
         model.run_by_index(0, ins, outs)
         for name, buf in zip(sig["outputs"], outs):
             shape = [int(d) for d in out_details[name]["shape"]]
-            results[f"{i}/{name}"] = buf.read(int(np.prod(shape)), np.float32).reshape(shape)
+            dtype = np.dtype(out_details[name]["dtype"])
+            results[f"{i}/{name}"] = buf.read(int(np.prod(shape)), dtype).reshape(shape)
         run_s.append(time.perf_counter() - t)
     np.savez(out_path, **results)
     for buf in (*ins, *outs):

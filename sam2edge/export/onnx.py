@@ -43,7 +43,12 @@ from sam2edge.runtime.preprocess import MEAN, STD
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively
 ONNX_REWRITES = Rewrites(
-    attention_rank=4, attention_impl="math", transposed_conv="native", layer_norm="native", texture_limit=0
+    attention_rank=4,
+    attention_impl="math",
+    transposed_conv="native",
+    layer_norm="native",
+    texture_limit=0,
+    score_limit=0,
 )
 PRECISIONS = ("fp32", "fp16")
 FP32_COSINE, IOU_BAR, CLICKS = 0.99999, 0.99, 40
