@@ -13,6 +13,7 @@ run: setup
 
 test: setup
 	$(PY) -m ruff check sam2edge tests benchmarks
+	$(PY) -m ruff format --check sam2edge tests benchmarks
 	$(PY) -m pytest -q tests
 
 lint: setup

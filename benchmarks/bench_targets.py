@@ -28,8 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", default="records", help="folder for the JSON records (default records/)")
     a = p.parse_args(argv)
     return sam2edge_main(
-        ["bench", "--compare", *a.bundles, "--threads", str(a.threads), "--runs", str(a.runs),
-         "--clicks", str(a.clicks), "--records", a.records]
+        [
+            "bench",
+            "--compare",
+            *a.bundles,
+            "--threads",
+            str(a.threads),
+            "--runs",
+            str(a.runs),
+            "--clicks",
+            str(a.clicks),
+            "--records",
+            a.records,
+        ]
     )
 
 

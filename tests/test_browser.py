@@ -134,8 +134,9 @@ def test_tap_mask_equals_python_predictor(browser, server, predictor, accel, tmp
         wait_decode(page, n)
         pts = page.evaluate("window.sam2edge.points")
         assert [p["label"] for p in pts] == [1, 0]
-        want = reference_mask(predictor, np.array([[p["x"], p["y"]] for p in pts], np.float32), np.array([1, 0]),
-                              multimask=False)
+        want = reference_mask(
+            predictor, np.array([[p["x"], p["y"]] for p in pts], np.float32), np.array([1, 0]), multimask=False
+        )
         assert mask_iou(drawn_mask(page), want) >= 0.99
         shot = tmp_path / f"serve_tap_{accel}.png"
         page.screenshot(path=str(shot))
@@ -191,8 +192,13 @@ def test_server_fallback_says_so_and_matches(browser, server, predictor):
 
 def test_sweep_bundle_records(browser, bundle, tmp_path):
     """Every .tflite of the bundle on wasm vs ai-edge-litert CPU: pass, records in the documented layout."""
-    paths = sweep_bundle(bundle, SweepConfig(backends=("wasm",), runs=2, warmup=1, timeout_s=240),
-                         progress=lambda m: None, out_root=tmp_path / "sweep", browser=browser)
+    paths = sweep_bundle(
+        bundle,
+        SweepConfig(backends=("wasm",), runs=2, warmup=1, timeout_s=240),
+        progress=lambda m: None,
+        out_root=tmp_path / "sweep",
+        browser=browser,
+    )
     assert sorted(p.name for p in paths) == sorted(f"sam2.1-hiera-tiny__{f.stem}.json" for f in bundle.glob("*.tflite"))
     for p in paths:
         assert p.parent.parent.name == litertjs_version()
@@ -222,8 +228,13 @@ def test_sweep_classifies_partial_delegation(browser, tmp_path):
     x = torch.randn(1, 8, 8, 8)
     for name, m in (("clean", Clean()), ("rank5", Rank5())):
         litert_torch.convert(m.eval(), (x,)).export(str(folder / f"{name}.tflite"))
-    paths = sweep_bundle(folder, SweepConfig(backends=("wasm", "webgpu"), runs=2, warmup=1, timeout_s=240),
-                         progress=lambda m: None, out_root=tmp_path / "sweep", browser=browser)
+    paths = sweep_bundle(
+        folder,
+        SweepConfig(backends=("wasm", "webgpu"), runs=2, warmup=1, timeout_s=240),
+        progress=lambda m: None,
+        out_root=tmp_path / "sweep",
+        browser=browser,
+    )
     rows = {json.loads(p.read_text())["file"]: json.loads(p.read_text())["results"] for p in paths}
     wasm, gpu = rows["clean.tflite"]
     assert wasm["status"] == "pass" and gpu["status"] == "pass" and gpu["full_delegation"] is True
@@ -260,8 +271,16 @@ def test_js_port_matches_python(tmp_path):
     low = rng.standard_normal((64, 64)).astype(np.float32)
     h, w = 300, 451
     shutil.copy(STATIC_DIR / "sam.js", tmp_path / "sam.mjs")
-    inp = {"tables": {n: t.ravel().tolist() for n, t in tables.items()}, "coords": coords.tolist(), "labels": labels,
-           "low": low.ravel().tolist(), "s": s, "k": k, "h": h, "w": w}
+    inp = {
+        "tables": {n: t.ravel().tolist() for n, t in tables.items()},
+        "coords": coords.tolist(),
+        "labels": labels,
+        "low": low.ravel().tolist(),
+        "s": s,
+        "k": k,
+        "h": h,
+        "w": w,
+    }
     (tmp_path / "in.json").write_text(json.dumps(inp))
     (tmp_path / "run.mjs").write_text("""
 import { encodePoints, upsampleMask } from './sam.mjs';
@@ -272,8 +291,15 @@ const { tokens, valid } = encodePoints(i.coords, i.labels, t, i.s, i.k);
 const mask = upsampleMask(Float32Array.from(i.low), 64, i.h, i.w);
 console.log(JSON.stringify({ tokens: Array.from(tokens), valid: Array.from(valid), mask: Array.from(mask) }));
 """)
-    out = json.loads(subprocess.run([node, str(tmp_path / "run.mjs"), str(tmp_path / "in.json")], capture_output=True,
-                                    text=True, check=True, timeout=60).stdout)
+    out = json.loads(
+        subprocess.run(
+            [node, str(tmp_path / "run.mjs"), str(tmp_path / "in.json")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    )
     want_tokens, want_valid = encode_points(coords, np.array(labels), tables, s, k)
     np.testing.assert_allclose(np.array(out["tokens"], np.float32).reshape(want_tokens.shape), want_tokens, atol=2e-6)
     np.testing.assert_array_equal(np.array(out["valid"], np.float32), want_valid[0])

@@ -35,6 +35,7 @@ def one_thread():
     torch.set_num_threads(old)
     mp.undo()
 
+
 FIDELITY = {
     "verify": {
         "date": "2026-11-01",
@@ -43,12 +44,21 @@ FIDELITY = {
         "precision": "fp16",
         "outputs": {
             "encoder.image_embed": {
-                "cosine": 0.9999871, "correlation": 0.9999862, "max_abs": 0.0123, "max_rel": 0.0021,
+                "cosine": 0.9999871,
+                "correlation": 0.9999862,
+                "max_abs": 0.0123,
+                "max_rel": 0.0021,
             },
             "decoder.masks": {"cosine": 0.9998765, "correlation": 0.9998701, "max_abs": 0.25, "max_rel": 0.0075},
         },
-        "end_to_end": {"clicks": 40, "photos": ["a", "b", "c", "d", "e"], "iou_median": 0.99931,
-                       "iou_worst": 0.99213, "selection_agreement": 0.975, "iou_score_max_abs_diff": 0.0042},
+        "end_to_end": {
+            "clicks": 40,
+            "photos": ["a", "b", "c", "d", "e"],
+            "iou_median": 0.99931,
+            "iou_worst": 0.99213,
+            "selection_agreement": 0.975,
+            "iou_score_max_abs_diff": 0.0042,
+        },
         "bars": {"min_iou_worst": 0.99},
         "passed": True,
         "failures": [],
@@ -62,11 +72,24 @@ def _stats(median: float, lo: float, hi: float) -> dict:
 
 def _record(subject: str, runtime: str, artifacts: dict | None, enc: float, dec: float, session: str = "S1") -> dict:
     return {
-        "schema": 1, "kind": "bench", "provenance": "measured", "subject": subject, "runtime": runtime,
-        "runtime_version": "onnxruntime 1.0", "version": "sam2edge 0.1.0", "precision": "fp16", "resolution": 256,
-        "bundle": None if artifacts is None else {"artifacts": artifacts}, "threads": 2, "date": "2026-11-02",
-        "session": session, "machine": {"cpu": "TestCPU", "cores": 2, "os": "Linux"}, "load_s": 0.51,
-        "peak_rss_mb": 432.0, "encoder_ms": _stats(enc, enc - 5, enc + 9), "decoder_ms": _stats(dec, dec - 1, dec + 2),
+        "schema": 1,
+        "kind": "bench",
+        "provenance": "measured",
+        "subject": subject,
+        "runtime": runtime,
+        "runtime_version": "onnxruntime 1.0",
+        "version": "sam2edge 0.1.0",
+        "precision": "fp16",
+        "resolution": 256,
+        "bundle": None if artifacts is None else {"artifacts": artifacts},
+        "threads": 2,
+        "date": "2026-11-02",
+        "session": session,
+        "machine": {"cpu": "TestCPU", "cores": 2, "os": "Linux"},
+        "load_s": 0.51,
+        "peak_rss_mb": 432.0,
+        "encoder_ms": _stats(enc, enc - 5, enc + 9),
+        "decoder_ms": _stats(dec, dec - 1, dec + 2),
         "first_click_ms": _stats(enc + dec, enc + dec - 6, enc + dec + 11),
     }
 
@@ -78,10 +101,17 @@ def fixture_bundle(tmp_path: Path) -> Path:
     b.mkdir()
     (b / "encoder.onnx").write_bytes(b"enc" * 1000)
     (b / "decoder.onnx").write_bytes(b"dec" * 500)
-    finalize_bundle(b, target="onnx", precision="fp16", resolution=256, config="test-small",
-                    source={"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
-                    command="sam2edge export --target onnx", fidelity=FIDELITY,
-                    artifacts={"encoder.onnx": "encoder", "decoder.onnx": "decoder"})
+    finalize_bundle(
+        b,
+        target="onnx",
+        precision="fp16",
+        resolution=256,
+        config="test-small",
+        source={"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
+        command="sam2edge export --target onnx",
+        fidelity=FIDELITY,
+        artifacts={"encoder.onnx": "encoder", "decoder.onnx": "decoder"},
+    )
     card = load_card(b)
     arts = {a["file"]: a["sha256"] for a in card["artifacts"]}
     recs = tmp_path / "records"
@@ -95,16 +125,33 @@ def fixture_bundle(tmp_path: Path) -> Path:
         (recs / name).write_text(json.dumps(rec))
     sweep = b / "sweep" / "2.5.3" / "2026-11-03"
     sweep.mkdir(parents=True)
-    (sweep / "decoder.json").write_text(json.dumps({  # the layout `sam2edge sweep` writes
-        "schema": 1, "file": "decoder.tflite", "date": "2026-11-03", "provenance": "measured",
-        "environment": {"label": "x86_64 2 cores · chromium 156 · @litertjs/core 2.5.3"},
-        "results": [
-            {"backend": "wasm", "status": "pass", "full_delegation": None, "max_rel_diff": 2.5e-07,
-             "latency_p50_ms": 396.69},
-            {"backend": "webgpu", "status": "output_mismatch", "full_delegation": True, "max_rel_diff": 1.0,
-             "latency_p50_ms": 8.33},
-        ],
-    }))
+    (sweep / "decoder.json").write_text(
+        json.dumps(
+            {  # the layout `sam2edge sweep` writes
+                "schema": 1,
+                "file": "decoder.tflite",
+                "date": "2026-11-03",
+                "provenance": "measured",
+                "environment": {"label": "x86_64 2 cores · chromium 156 · @litertjs/core 2.5.3"},
+                "results": [
+                    {
+                        "backend": "wasm",
+                        "status": "pass",
+                        "full_delegation": None,
+                        "max_rel_diff": 2.5e-07,
+                        "latency_p50_ms": 396.69,
+                    },
+                    {
+                        "backend": "webgpu",
+                        "status": "output_mismatch",
+                        "full_delegation": True,
+                        "max_rel_diff": 1.0,
+                        "latency_p50_ms": 8.33,
+                    },
+                ],
+            }
+        )
+    )
     write_manifest(b)  # as the sweep does after adding records
     return b
 
@@ -125,11 +172,21 @@ def test_card_rendered_from_fixture_records(fixture_bundle: Path, tmp_path: Path
     out = render_bundle(fixture_bundle, [tmp_path / "records"])
     text = (fixture_bundle / "README.md").read_text()
     front = text.split("---\n")[1]
-    for line in ("license: apache-2.0", "base_model: facebook/sam2.1-hiera-tiny", "pipeline_tag: mask-generation",
-                 "library_name: onnx"):
+    for line in (
+        "license: apache-2.0",
+        "base_model: facebook/sam2.1-hiera-tiny",
+        "pipeline_tag: mask-generation",
+        "library_name: onnx",
+    ):
         assert line in front
-    for heading in ("## Conversion", "## Artifacts", "## Fidelity", "## Performance", "## Browser (LiteRT.js)",
-                    "## Pitfalls"):
+    for heading in (
+        "## Conversion",
+        "## Artifacts",
+        "## Fidelity",
+        "## Performance",
+        "## Browser (LiteRT.js)",
+        "## Pitfalls",
+    ):
         assert heading in text
     card = load_card(fixture_bundle)
     arts = {r[0].strip("`"): r for r in _table(text, "## Artifacts")}
@@ -239,9 +296,7 @@ def test_reexport_is_byte_identical(exported: Path, tmp_path: Path, monkeypatch)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "target, precision", [(t, "fp32") for t in sorted(TARGETS)] + [("litert", "fp16")]
-)
+@pytest.mark.parametrize("target, precision", [(t, "fp32") for t in sorted(TARGETS)] + [("litert", "fp16")])
 def test_reexport_is_byte_identical_every_target(target: str, precision: str, tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -258,8 +313,16 @@ def test_verify_passes_on_bundle_and_fails_on_perturbed_weights(exported: Path, 
     assert "PASS" in out
     fid = json.loads((good / "fidelity.json").read_text())["verify"]
     assert fid["passed"] and fid["end_to_end"]["clicks"] >= 40 and len(fid["end_to_end"]["photos"]) >= 5
-    assert {"encoder.image_embed", "encoder.feat_s0", "encoder.feat_s1", "decoder.masks", "decoder.iou",
-            "decoder.single_mask", "decoder.single_iou", "decoder.object_score"} <= set(fid["outputs"])
+    assert {
+        "encoder.image_embed",
+        "encoder.feat_s0",
+        "encoder.feat_s1",
+        "decoder.masks",
+        "decoder.iou",
+        "decoder.single_mask",
+        "decoder.single_iou",
+        "decoder.object_score",
+    } <= set(fid["outputs"])
     assert min(m["cosine"] for m in fid["outputs"].values()) >= 0.99999
     assert verify_manifest(good) == []  # manifest refreshed after fidelity.json changed
     assert load_card(good)["fidelity"]["verify"]["passed"]
@@ -293,8 +356,22 @@ def test_bench_writes_records_with_the_fields(exported: Path, tmp_path: Path, ca
     assert len(files) == 2
     records = [json.loads(p.read_text()) for p in files]
     for r in records:
-        for key in ("runtime", "runtime_version", "version", "machine", "threads", "date", "session", "load_s",
-                    "peak_rss_mb", "encoder_ms", "decoder_ms", "first_click_ms", "ratios", "compute_bound"):
+        for key in (
+            "runtime",
+            "runtime_version",
+            "version",
+            "machine",
+            "threads",
+            "date",
+            "session",
+            "load_s",
+            "peak_rss_mb",
+            "encoder_ms",
+            "decoder_ms",
+            "first_click_ms",
+            "ratios",
+            "compute_bound",
+        ):
             assert key in r, key
         assert r["provenance"] == "measured" and r["threads"] == 1
         assert r["encoder_ms"]["n"] == 2 and r["decoder_ms"]["n"] == 4 and r["load_s"] > 0
@@ -317,19 +394,41 @@ def test_card_shows_the_gpu_delegate_check(fixture_bundle: Path, tmp_path: Path)
     fid_path = fixture_bundle / "fidelity.json"
     fid = json.loads(fid_path.read_text())
     out = {"cosine": 0.99999991, "correlation": 1.0, "max_abs": 1e-6, "max_rel": 1e-6}
-    fid["checks"] = {"gpu_delegate": {
-        "environment": {"vulkan_device": "SwiftShader Device (Subzero)", "ai_edge_litert": "2.3.0"},
-        "files": {
-            "encoder.tflite": {"verdict": "resident", "ops_gpu": 1280, "ops_total": 1280, "partitions": 1,
-                               "outputs": {"image_embeddings": out, "feat_s0": {**out, "cosine": 0.99995}},
-                               "mask_iou": None, "segments": [{"nodes": [0, 640]}, {"nodes": [640, 1280]}]},
-            "decoder.tflite": {"verdict": "mismatch", "ops_gpu": 386, "ops_total": 386, "partitions": 1,
-                               "outputs": {"masks": out}, "mask_iou": {"iou_worst": 0.5}, "segments": [],
-                               "failures": ["decoder mask IoU worst 0.5000 < 0.99"]},
-            "mask_encoder.tflite": {"verdict": "device-limit", "ops_gpu": 29, "ops_total": 29, "partitions": 1,
-                                    "outputs": {}, "mask_iou": None, "failures": ["too slow"]},
-        },
-    }}
+    fid["checks"] = {
+        "gpu_delegate": {
+            "environment": {"vulkan_device": "SwiftShader Device (Subzero)", "ai_edge_litert": "2.3.0"},
+            "files": {
+                "encoder.tflite": {
+                    "verdict": "resident",
+                    "ops_gpu": 1280,
+                    "ops_total": 1280,
+                    "partitions": 1,
+                    "outputs": {"image_embeddings": out, "feat_s0": {**out, "cosine": 0.99995}},
+                    "mask_iou": None,
+                    "segments": [{"nodes": [0, 640]}, {"nodes": [640, 1280]}],
+                },
+                "decoder.tflite": {
+                    "verdict": "mismatch",
+                    "ops_gpu": 386,
+                    "ops_total": 386,
+                    "partitions": 1,
+                    "outputs": {"masks": out},
+                    "mask_iou": {"iou_worst": 0.5},
+                    "segments": [],
+                    "failures": ["decoder mask IoU worst 0.5000 < 0.99"],
+                },
+                "mask_encoder.tflite": {
+                    "verdict": "device-limit",
+                    "ops_gpu": 29,
+                    "ops_total": 29,
+                    "partitions": 1,
+                    "outputs": {},
+                    "mask_iou": None,
+                    "failures": ["too slow"],
+                },
+            },
+        }
+    }
     fid_path.write_text(json.dumps(fid))
     render_bundle(fixture_bundle, [tmp_path / "records"])
     text = (fixture_bundle / "README.md").read_text()

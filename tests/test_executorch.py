@@ -99,8 +99,11 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
     x = np.random.default_rng(0).standard_normal((1, 3, CFG.image_size, CFG.image_size)).astype(np.float32)
     ref = Sam2Predictor.from_checkpoint(None, CFG, quiet=True).backend.encode(x)
     got = backend.encode(x)
-    cos = float(np.dot(got.image_embed.ravel(), ref.image_embed.ravel())
-                / np.linalg.norm(got.image_embed) / np.linalg.norm(ref.image_embed))
+    cos = float(
+        np.dot(got.image_embed.ravel(), ref.image_embed.ravel())
+        / np.linalg.norm(got.image_embed)
+        / np.linalg.norm(ref.image_embed)
+    )
     assert cos > (0.999 if precision == "fp16" else 0.95), cos
     if precision == "fp16":
         assert passed and e2e["iou_worst"] >= 0.99, e2e
@@ -125,9 +128,23 @@ def test_bad_inputs_one_line_errors(fp32, tmp_path):
     clicks = [a for i in range(MAX_POINTS) for a in ("--point", f"{20 + 10 * i},{30 + 5 * i}")]
     for bundle, extra in ((bad, ["--point", "100,100"]), (out, clicks)):
         r = subprocess.run(
-            [sys.executable, "-m", "sam2edge", "segment", "sample:chelsea.png", "--model", str(bundle), *extra,
-             "--out", str(tmp_path / "m.png"), "--overlay", str(tmp_path / "o.png")],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "sam2edge",
+                "segment",
+                "sample:chelsea.png",
+                "--model",
+                str(bundle),
+                *extra,
+                "--out",
+                str(tmp_path / "m.png"),
+                "--overlay",
+                str(tmp_path / "o.png"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert r.returncode == 2, r.stderr[-500:]
         lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

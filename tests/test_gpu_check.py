@@ -354,9 +354,17 @@ def test_record_stores_the_check_in_a_bundle(toys, tmp_path, capsys):
     b = tmp_path / "bundle"
     b.mkdir()
     shutil.copy(folder / "clean.tflite", b / "clean.tflite")
-    finalize_bundle(b, target="litert", precision="fp32", resolution=256, config="test-small",
-                    source={"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
-                    command="test", fidelity={"passed": True}, artifacts={"clean.tflite": "encoder"})
+    finalize_bundle(
+        b,
+        target="litert",
+        precision="fp32",
+        resolution=256,
+        config="test-small",
+        source={"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
+        command="test",
+        fidelity={"passed": True},
+        artifacts={"clean.tflite": "encoder"},
+    )
     assert main(["gpu-check", str(b), "--record"]) == 0
     rec = json.loads((b / "fidelity.json").read_text())["checks"]["gpu_delegate"]
     assert rec["files"]["clean.tflite"]["verdict"] == "resident" and "--record" in rec["command"]

@@ -31,8 +31,13 @@ MAX_PIXELS = 4_000_000
 @pytest.fixture(scope="module")
 def server():
     pred = Sam2Predictor.from_checkpoint(None, TEST_SMALL, quiet=True)
-    app = App(pred.backend, None, "no bundle in this test", Limits(max_upload_bytes=MAX_UPLOAD, max_pixels=MAX_PIXELS),
-              provenance=pred.provenance)
+    app = App(
+        pred.backend,
+        None,
+        "no bundle in this test",
+        Limits(max_upload_bytes=MAX_UPLOAD, max_pixels=MAX_PIXELS),
+        provenance=pred.provenance,
+    )
     srv = app.make_server("127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv, pred
@@ -70,6 +75,7 @@ def png_bytes(rgb: np.ndarray) -> bytes:
 
 def huge_png(w: int, h: int) -> bytes:
     """A valid PNG header announcing w x h (1-bit gray), with a tiny compressed body: a decompression bomb."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
@@ -98,9 +104,12 @@ def test_page_and_headers(server):
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b"importmap" in body
     assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
     assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
-    for path, mime in (("/static/app.js", "text/javascript"), ("/static/style.css", "text/css"),
-                       ("/vendor/@litertjs/core/wasm/litert_wasm_threaded_internal.wasm", "application/wasm"),
-                       ("/vendor/@litertjs/core/dist/index.js", "text/javascript")):
+    for path, mime in (
+        ("/static/app.js", "text/javascript"),
+        ("/static/style.css", "text/css"),
+        ("/vendor/@litertjs/core/wasm/litert_wasm_threaded_internal.wasm", "application/wasm"),
+        ("/vendor/@litertjs/core/dist/index.js", "text/javascript"),
+    ):
         status, headers, _ = request(srv, "GET", path)
         assert status == 200 and headers["Content-Type"].startswith(mime), (path, status, headers.get("Content-Type"))
     assert srv.server_address[0] == "127.0.0.1"
@@ -137,15 +146,18 @@ def test_bomb_refused_before_decoding():
     assert getattr(e.value, "status", None) == 413
 
 
-@pytest.mark.parametrize("path", [
-    "/static/../../../../etc/passwd",
-    "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
-    "/static/..%2f..%2f..%2fconfig.py",
-    "/static//etc/passwd",
-    "/vendor/@litertjs/core/../../../pyproject.toml",
-    "/model/../card.json",
-    "/static/.hidden",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/../../../../etc/passwd",
+        "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/static/..%2f..%2f..%2fconfig.py",
+        "/static//etc/passwd",
+        "/vendor/@litertjs/core/../../../pyproject.toml",
+        "/model/../card.json",
+        "/static/.hidden",
+    ],
+)
 def test_path_traversal_is_refused(server, path):
     srv, _ = server
     status, _, body = request(srv, "GET", path)
@@ -194,8 +206,11 @@ def test_two_sessions_are_isolated(server):
     # neither sees the other's photo, features or masks, even knowing the id
     prompt = json.dumps({"coords": [[100.0, 100.0], [0.0, 0.0]], "labels": [1, -1]}).encode()
     for token, other in ((a, b), (b, a)):
-        for method, part, data in (("GET", "photo.png", None), ("GET", "features.bin", None),
-                                   ("POST", "decode", prompt)):
+        for method, part, data in (
+            ("GET", "photo.png", None),
+            ("GET", "features.bin", None),
+            ("POST", "decode", prompt),
+        ):
             status, _, body = request(srv, method, f"/api/images/{ids[other]}/{part}", data, {"X-Session": token})
             assert status == 404 and "no such image" in error_of(status, body)
 
@@ -211,16 +226,18 @@ def test_server_decode_equals_predictor(server):
     xy = np.array([[300.0, 180.0]], np.float32)
     model_xy = (xy / np.array([w, h], np.float32)) * np.float32(TEST_SMALL.image_size)
     prompt = {"coords": [model_xy[0].tolist(), [0.0, 0.0]], "labels": [1, -1]}
-    status, _, body = request(srv, "POST", f"/api/images/{image_id}/decode", json.dumps(prompt).encode(),
-                              {"X-Session": token})
+    status, _, body = request(
+        srv, "POST", f"/api/images/{image_id}/decode", json.dumps(prompt).encode(), {"X-Session": token}
+    )
     assert status == 200
     side = 4 * TEST_SMALL.image_embedding_size
     masks = np.frombuffer(body, "<f4")[: 3 * side * side].reshape(3, side, side)
     pred.set_image(img)
     _, _, low = pred.predict(point_coords=xy, point_labels=[1], multimask_output=True)
     np.testing.assert_allclose(np.clip(masks, -32, 32), low, atol=1e-5)
-    bad = request(srv, "POST", f"/api/images/{image_id}/decode", b'{"coords": [[1e9, 0]], "labels": [1]}',
-                  {"X-Session": token})
+    bad = request(
+        srv, "POST", f"/api/images/{image_id}/decode", b'{"coords": [[1e9, 0]], "labels": [1]}', {"X-Session": token}
+    )
     assert bad[0] == 400 and "coords" in error_of(bad[0], bad[2])
 
 

@@ -34,8 +34,9 @@ def latency_chart(records: list[dict], out: str | Path) -> None:
     height = TOP + ROW * len(records) + 40
     img = Image.new("RGB", (WIDTH, height), "white")
     d = ImageDraw.Draw(img)
-    d.text((PAD, 12), "Latency p50 (bar) and min-max (whisker), ms - from sam2edge bench records", fill="black",
-           font=title)
+    d.text(
+        (PAD, 12), "Latency p50 (bar) and min-max (whisker), ms - from sam2edge bench records", fill="black", font=title
+    )
     panels = (("encoder_ms", "encoder, per image", LEFT), ("decoder_ms", "decoder, per click", LEFT + panel + GAP))
     for key, name, x0 in panels:
         top = max(r[key]["max"] for r in records) or 1.0

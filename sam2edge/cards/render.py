@@ -31,12 +31,26 @@ TARGETS: dict[str, tuple[str, str]] = {
     "executorch": ("executorch", "ExecuTorch (.pte, XNNPACK)"),
     "executorch-webgpu": ("executorch", "ExecuTorch WebGPU (.pte)"),
 }
-BENCH_FIELDS = ("runtime", "subject", "resolution", "date", "provenance", "threads", "encoder_ms", "decoder_ms",
-                "first_click_ms", "load_s", "peak_rss_mb", "machine", "session")
+BENCH_FIELDS = (
+    "runtime",
+    "subject",
+    "resolution",
+    "date",
+    "provenance",
+    "threads",
+    "encoder_ms",
+    "decoder_ms",
+    "first_click_ms",
+    "load_s",
+    "peak_rss_mb",
+    "machine",
+    "session",
+)
 SYNTHETIC = "synthetic"
 
 
 # ---- reading the evidence ---------------------------------------------------------------------------
+
 
 def _read_json(path: Path) -> dict:
     try:
@@ -93,6 +107,7 @@ def find_sweep_records(folder: Path) -> list[tuple[Path, dict]]:
 
 # ---- formatting -----------------------------------------------------------------------------------
 
+
 def _num(v, digits: int = 3) -> str:
     if v is None:
         return "-"
@@ -131,6 +146,7 @@ def _machine(rec: dict) -> str:
 
 # ---- sections --------------------------------------------------------------------------------------
 
+
 def front_matter(card: dict) -> list[str]:
     library, _ = TARGETS.get(card["target"], (card["target"], card["target"]))
     tags = ["sam2", "segment-anything", "mask-generation", card["target"], card["precision"], "on-device"]
@@ -161,12 +177,18 @@ def header(card: dict) -> list[str]:
         "",
     ]
     if src.get("checkpoint") == SYNTHETIC:
-        lines += ["> **Synthetic weights.** This bundle was exported from sam2edge's deterministic synthetic "
-                  "checkpoint: its masks are meaningless. It exists to prove the conversion; export with "
-                  "`--checkpoint sam2.1_hiera_tiny.pt` for a usable model.", ""]
+        lines += [
+            "> **Synthetic weights.** This bundle was exported from sam2edge's deterministic synthetic "
+            "checkpoint: its masks are meaningless. It exists to prove the conversion; export with "
+            "`--checkpoint sam2.1_hiera_tiny.pt` for a usable model.",
+            "",
+        ]
     if card["status"] != "shippable":
-        lines += [f"> **Status: {card['status']}.** This bundle failed a bar at export time (see Fidelity); "
-                  "it is kept for reference, not for use.", ""]
+        lines += [
+            f"> **Status: {card['status']}.** This bundle failed a bar at export time (see Fidelity); "
+            "it is kept for reference, not for use.",
+            "",
+        ]
     rows = [
         ["**Task**", "mask-generation (promptable segmentation, image path)"],
         ["**Base model**", card.get("base_model", "-")],
@@ -196,11 +218,20 @@ def conversion(card: dict) -> list[str]:
 
 
 def artifacts(card: dict) -> list[str]:
-    rows = [[f"`{a['file']}`", a.get("role", "-"), f"`{a['sha256']}`", f"{a.get('bytes', 0) / 1e6:.3f}"]
-            for a in card["artifacts"]]
-    return (["## Artifacts", ""] + _table(["File", "Role", "SHA-256", "Size (MB)"], rows)
-            + ["", f"Every file of the bundle, with SHA-256 and size, is in `{MANIFEST}`; "
-               f"`sam2edge manifest verify DIR` checks them.", ""])
+    rows = [
+        [f"`{a['file']}`", a.get("role", "-"), f"`{a['sha256']}`", f"{a.get('bytes', 0) / 1e6:.3f}"]
+        for a in card["artifacts"]
+    ]
+    return (
+        ["## Artifacts", ""]
+        + _table(["File", "Role", "SHA-256", "Size (MB)"], rows)
+        + [
+            "",
+            f"Every file of the bundle, with SHA-256 and size, is in `{MANIFEST}`; "
+            f"`sam2edge manifest verify DIR` checks them.",
+            "",
+        ]
+    )
 
 
 def _io_lines(extra: dict) -> list[str]:
@@ -233,13 +264,29 @@ def inputs_outputs(card: dict) -> list[str]:
 
 
 def _output_rows(outputs: dict) -> list[list[str]]:
-    return [[f"`{name}`", _num(m.get("cosine"), 7), _num(m.get("correlation"), 7), _sig(m.get("max_abs")),
-             _sig(m.get("max_rel"))] for name, m in outputs.items() if isinstance(m, dict)]
+    return [
+        [
+            f"`{name}`",
+            _num(m.get("cosine"), 7),
+            _num(m.get("correlation"), 7),
+            _sig(m.get("max_abs")),
+            _sig(m.get("max_rel")),
+        ]
+        for name, m in outputs.items()
+        if isinstance(m, dict)
+    ]
 
 
 def _e2e_rows(label: str, e: dict) -> list[str]:
-    return [label, _num(e.get("clicks")), str(len(e.get("photos", []))), _num(e.get("iou_median"), 5),
-            _num(e.get("iou_worst"), 5), _num(e.get("selection_agreement")), _sig(e.get("iou_score_max_abs_diff"))]
+    return [
+        label,
+        _num(e.get("clicks")),
+        str(len(e.get("photos", []))),
+        _num(e.get("iou_median"), 5),
+        _num(e.get("iou_worst"), 5),
+        _num(e.get("selection_agreement")),
+        _sig(e.get("iou_score_max_abs_diff")),
+    ]
 
 
 def fidelity_section(fid: dict) -> list[str]:
@@ -249,9 +296,12 @@ def fidelity_section(fid: dict) -> list[str]:
     if not v and not export_outputs:
         return lines + ["No fidelity measurement yet: run `sam2edge verify DIR`.", ""]
     if v:
-        lines += [f"Measured by `{v.get('command', 'sam2edge verify')}` on {v.get('date', '-')} against "
-                  f"{v.get('reference', 'eager fp32')}. Per output: all samples stacked (encoder: one per photo; "
-                  "decoder: fed the reference features, every prompt), vs the eager fp32 output.", ""]
+        lines += [
+            f"Measured by `{v.get('command', 'sam2edge verify')}` on {v.get('date', '-')} against "
+            f"{v.get('reference', 'eager fp32')}. Per output: all samples stacked (encoder: one per photo; "
+            "decoder: fed the reference features, every prompt), vs the eager fp32 output.",
+            "",
+        ]
         lines += _table(["Output", "Cosine", "Correlation", "Max abs", "Max rel"], _output_rows(v["outputs"]))
         lines.append("")
     elif export_outputs:
@@ -264,10 +314,23 @@ def fidelity_section(fid: dict) -> list[str]:
     if v and isinstance(v.get("end_to_end"), dict):
         rows.append(_e2e_rows(f"verify {v.get('date', '')}".strip(), v["end_to_end"]))
     if rows:
-        lines += ["End to end on real photos (scikit-image samples; points, negative points, boxes), mask IoU at "
-                  "the reference's chosen candidate:", ""]
-        lines += _table(["Measured at", "Clicks", "Photos", "Mask IoU median", "Mask IoU worst",
-                         "Same candidate", "IoU-score max diff"], rows)
+        lines += [
+            "End to end on real photos (scikit-image samples; points, negative points, boxes), mask IoU at "
+            "the reference's chosen candidate:",
+            "",
+        ]
+        lines += _table(
+            [
+                "Measured at",
+                "Clicks",
+                "Photos",
+                "Mask IoU median",
+                "Mask IoU worst",
+                "Same candidate",
+                "IoU-score max diff",
+            ],
+            rows,
+        )
         lines.append("")
     if v:
         bars = ", ".join(f"{k} {x}" for k, x in v.get("bars", {}).items()) or "none"
@@ -281,23 +344,49 @@ def performance(card: dict, bench: list[dict], chart: str | None) -> list[str]:
     if not bench:
         return lines + ["No benchmark data yet (`sam2edge bench DIR`).", ""]
     ups = {(r["session"], r["resolution"]): r for r in bench if r["runtime"] == "upstream-eager"}
-    lines += ["Measured by `sam2edge bench` (CPU; encoder = one image, decoder = per click, first click = encoder + "
-              "first decoder; medians over the timed runs, interleaved with upstream eager in the same session). "
-              "Rows are conditional on their environment.", ""]
+    lines += [
+        "Measured by `sam2edge bench` (CPU; encoder = one image, decoder = per click, first click = encoder + "
+        "first decoder; medians over the timed runs, interleaved with upstream eager in the same session). "
+        "Rows are conditional on their environment.",
+        "",
+    ]
     if chart:
         lines += [f"![Latency p50 per runtime]({chart})", ""]
     rows = []
     for r in bench:
         up = ups.get((r["session"], r["resolution"]))
         vs = "-" if up is None or r is up else f"{r['first_click_ms']['median'] / up['first_click_ms']['median']:.2f}×"
-        rows.append([
-            r["subject"], str(r["threads"]), _num(r["load_s"], 2), _num(r["encoder_ms"]["median"], 1),
-            _num(r["decoder_ms"]["median"], 2), _num(r["first_click_ms"]["median"], 1), _num(r["peak_rss_mb"], 0),
-            vs, _machine(r), r["date"], r["provenance"],
-        ])
-    lines += _table(["Runtime", "Threads", "Load (s)", "Encoder p50 (ms)", "Decoder p50 (ms)",
-                     "First click p50 (ms)", "Peak RSS (MB)", "First click vs upstream eager", "Environment",
-                     "Date", "Provenance"], rows)
+        rows.append(
+            [
+                r["subject"],
+                str(r["threads"]),
+                _num(r["load_s"], 2),
+                _num(r["encoder_ms"]["median"], 1),
+                _num(r["decoder_ms"]["median"], 2),
+                _num(r["first_click_ms"]["median"], 1),
+                _num(r["peak_rss_mb"], 0),
+                vs,
+                _machine(r),
+                r["date"],
+                r["provenance"],
+            ]
+        )
+    lines += _table(
+        [
+            "Runtime",
+            "Threads",
+            "Load (s)",
+            "Encoder p50 (ms)",
+            "Decoder p50 (ms)",
+            "First click p50 (ms)",
+            "Peak RSS (MB)",
+            "First click vs upstream eager",
+            "Environment",
+            "Date",
+            "Provenance",
+        ],
+        rows,
+    )
     return lines + [""]
 
 
@@ -306,10 +395,14 @@ def gpu_delegate(fid: dict) -> list[str]:
     rec = (fid.get("checks") or {}).get("gpu_delegate")
     if not rec:
         return []
-    lines = ["## GPU delegate (software GPU)", "",
-             f"LiteRT's GPU delegate (ML Drift over WebGPU/Vulkan) on {_env(rec.get('environment'))}, run at export "
-             "by `sam2edge gpu-check`; GPU vs CPU (XNNPACK) on the same inputs. A software GPU computes in fp32 and "
-             "has its own limits: a pass here does not clear a phone GPU.", ""]
+    lines = [
+        "## GPU delegate (software GPU)",
+        "",
+        f"LiteRT's GPU delegate (ML Drift over WebGPU/Vulkan) on {_env(rec.get('environment'))}, run at export "
+        "by `sam2edge gpu-check`; GPU vs CPU (XNNPACK) on the same inputs. A software GPU computes in fp32 and "
+        "has its own limits: a pass here does not clear a phone GPU.",
+        "",
+    ]
     rows = []
     for name, f in rec.get("files", {}).items():
         outs = f.get("outputs") or {}
@@ -317,20 +410,36 @@ def gpu_delegate(fid: dict) -> list[str]:
         mi = f.get("mask_iou") or {}
         segs = f.get("segments") or []
         how = f"GPU run in {len(segs)} chained pieces" if segs else ("whole graph" if outs else "-")
-        rows.append([f"`{name}`", f.get("verdict", "-"), f"{f.get('ops_gpu', '-')}/{f.get('ops_total', '-')}",
-                     str(f.get("partitions", "-")), _num(cos, 7), _num(mi.get("iou_worst"), 5), how])
-    lines += _table(["File", "Verdict", "Ops on GPU", "Partitions", "Cosine (worst output)", "Mask IoU worst",
-                     "Numerics from"], rows)
+        rows.append(
+            [
+                f"`{name}`",
+                f.get("verdict", "-"),
+                f"{f.get('ops_gpu', '-')}/{f.get('ops_total', '-')}",
+                str(f.get("partitions", "-")),
+                _num(cos, 7),
+                _num(mi.get("iou_worst"), 5),
+                how,
+            ]
+        )
+    lines += _table(
+        ["File", "Verdict", "Ops on GPU", "Partitions", "Cosine (worst output)", "Mask IoU worst", "Numerics from"],
+        rows,
+    )
     return lines + [""]
 
 
 def browser(sweep: list[tuple[str, dict]]) -> list[str]:
     if not sweep:
         return []
-    lines = ["## Browser (LiteRT.js)", "",
-             "Model-level sweep results: measured behaviour of these exact files in a browser runtime, only "
-             "meaningful together with the environment that produced them. Full records: "
-             + ", ".join(f"`{p}`" for p, _ in sweep) + ".", ""]
+    lines = [
+        "## Browser (LiteRT.js)",
+        "",
+        "Model-level sweep results: measured behaviour of these exact files in a browser runtime, only "
+        "meaningful together with the environment that produced them. Full records: "
+        + ", ".join(f"`{p}`" for p, _ in sweep)
+        + ".",
+        "",
+    ]
     rows = []
     for _, rec in sweep:  # one record per model file, one result row per backend (``sam2edge sweep``)
         env = rec.get("environment") or {}
@@ -338,13 +447,37 @@ def browser(sweep: list[tuple[str, dict]]) -> list[str]:
         for r in rec.get("results", []):
             full = r.get("full_delegation")
             deleg = "-" if full is None else ("full" if full else "partial")
-            rows.append([
-                f"`{rec.get('file', '-')}`", str(r.get("backend", "-")), str(r.get("status", "-")), deleg,
-                _sig(r.get("max_rel_diff")), _num(r.get("latency_p50_ms"), 2), env_text,
-                str(rec.get("date", "-")), str(rec.get("provenance", "-")),
-            ])
-    return lines + _table(["Model", "Backend", "Status", "Delegation", "Max rel diff", "Latency p50 (ms)",
-                           "Environment", "Date", "Provenance"], rows) + [""]
+            rows.append(
+                [
+                    f"`{rec.get('file', '-')}`",
+                    str(r.get("backend", "-")),
+                    str(r.get("status", "-")),
+                    deleg,
+                    _sig(r.get("max_rel_diff")),
+                    _num(r.get("latency_p50_ms"), 2),
+                    env_text,
+                    str(rec.get("date", "-")),
+                    str(rec.get("provenance", "-")),
+                ]
+            )
+    return (
+        lines
+        + _table(
+            [
+                "Model",
+                "Backend",
+                "Status",
+                "Delegation",
+                "Max rel diff",
+                "Latency p50 (ms)",
+                "Environment",
+                "Date",
+                "Provenance",
+            ],
+            rows,
+        )
+        + [""]
+    )
 
 
 def pitfalls(card: dict, fid: dict) -> list[str]:
@@ -356,19 +489,35 @@ def pitfalls(card: dict, fid: dict) -> list[str]:
         items += [f"`{f}` lint: {x['verdict']}" for f, x in lint.items() if isinstance(x, dict) and x.get("verdict")]
     items += [f"Failed bar at export: {f}" for f in fid.get("failures", [])]
     gpu = ((fid.get("checks") or {}).get("gpu_delegate") or {}).get("files", {})
-    items += [f"`{f}` on the software GPU: {r['verdict']}: {'; '.join(r.get('failures') or [])[:300]}"
-              for f, r in gpu.items() if r.get("verdict") != "resident"]
+    items += [
+        f"`{f}` on the software GPU: {r['verdict']}: {'; '.join(r.get('failures') or [])[:300]}"
+        for f, r in gpu.items()
+        if r.get("verdict") != "resident"
+    ]
     return ["## Pitfalls", "", *[f"- {i}" for i in items], ""] if items else []
 
 
-def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[str, dict]],
-                    chart: str | None) -> str:
+def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[str, dict]], chart: str | None) -> str:
     """The card text; ``bench``: records (this bundle's + their sessions' upstream), ``sweep``: (path, record)."""
-    parts = (front_matter(card) + header(card) + conversion(card) + artifacts(card) + inputs_outputs(card)
-             + fidelity_section(fid) + gpu_delegate(fid) + performance(card, bench, chart) + browser(sweep)
-             + pitfalls(card, fid))
-    parts += ["---", "", f"_Rendered by `sam2edge card render` from `{CARD}`, `{FIDELITY}` and the measured "
-              "records (the sources of truth); edit the inputs, not this file._", ""]
+    parts = (
+        front_matter(card)
+        + header(card)
+        + conversion(card)
+        + artifacts(card)
+        + inputs_outputs(card)
+        + fidelity_section(fid)
+        + gpu_delegate(fid)
+        + performance(card, bench, chart)
+        + browser(sweep)
+        + pitfalls(card, fid)
+    )
+    parts += [
+        "---",
+        "",
+        f"_Rendered by `sam2edge card render` from `{CARD}`, `{FIDELITY}` and the measured "
+        "records (the sources of truth); edit the inputs, not this file._",
+        "",
+    ]
     return "\n".join(parts)
 
 

@@ -415,14 +415,19 @@ def format_table(records: list[dict]) -> str:
             f" {r['peak_rss_mb']:>11.0f}"
         )
     if any("ratios" in r for r in records):
-        lines += ["", f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
-                  f" {'enc/bound':>10} {'dec/bound':>10}"]
+        lines += [
+            "",
+            f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
+            f" {'enc/bound':>10} {'dec/bound':>10}",
+        ]
         for r in records:
             q = r.get("ratios", {})
             cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
             cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
             lines.append(
-                f"{r['subject']:<28} " + " ".join(f"{_x(c):>12}" for c in cells) + " "
+                f"{r['subject']:<28} "
+                + " ".join(f"{_x(c):>12}" for c in cells)
+                + " "
                 + " ".join(f"{_x(c):>10}" for c in cells2)
             )
         b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)

@@ -286,8 +286,10 @@ def run_on(
 
 def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, dict]:
     """GPU vs CPU per output name over all ``n`` runs stacked."""
-    return {o: compare(np.stack([gpu[f"{i}/{o}"] for i in range(n)]), np.stack([cpu[f"{i}/{o}"] for i in range(n)]))
-            for o in names}
+    return {
+        o: compare(np.stack([gpu[f"{i}/{o}"] for i in range(n)]), np.stack([cpu[f"{i}/{o}"] for i in range(n)]))
+        for o in names
+    }
 
 
 def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool):
@@ -307,8 +309,10 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
     model_in, model_out = tflite_slice.signature_tensors(graph)
     ops_total, n = _ops_total(path), len(feeds.runs)
     # per run and side: full-graph tensor index -> value, starting from the graph's inputs
-    values = {side: [{t: feeds.arrays[run[name]] for name, t in model_in.items()} for run in feeds.runs]
-              for side in ("gpu", "cpu")}
+    values = {
+        side: [{t: feeds.arrays[run[name]] for name, t in model_in.items()} for run in feeds.runs]
+        for side in ("gpu", "cpu")
+    }
     bounds = [0]
     for k in range(1, min(FIRST_SEGMENTS, ops_total)):
         bounds.append(tflite_slice.best_cut(graph, bounds[-1], round(k * ops_total / FIRST_SEGMENTS), ops_total))
@@ -339,9 +343,14 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
                 for i in range(n):
                     values[side][i].update({t: out[f"{i}/{k}"] for k, t in piece.outputs.items()})
             local = _compare_runs(runs["gpu"][0], runs["cpu"][0], list(piece.outputs), n)
-            segments.append({"nodes": [a, b], "ops": piece.ops,
-                             "ops_gpu": parse_delegate_log(runs["gpu"][2], piece.ops).ops_gpu,
-                             "cosine_min": min(v["cosine"] for v in local.values())})
+            segments.append(
+                {
+                    "nodes": [a, b],
+                    "ops": piece.ops,
+                    "ops_gpu": parse_delegate_log(runs["gpu"][2], piece.ops).ops_gpu,
+                    "cosine_min": min(v["cosine"] for v in local.values()),
+                }
+            )
     gpu = {f"{i}/{o}": values["gpu"][i][model_out[o]] for i in range(n) for o in names}
     outputs = _compare_runs(gpu, cpu, names, n)
     return segments, outputs, (_decoder_masks(feeds.prompts, gpu, cpu) if masks else None)
@@ -484,7 +493,6 @@ def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str
 
     entry = dict(bundle_record(reports), command=command)
     record_fidelity(Path(folder), ("checks", "gpu_delegate"), entry, "gpu-check --record")
-
 
 
 def export_check(ctx) -> dict:

@@ -120,8 +120,9 @@ def make_inputs(bundle: Path, file: str, card: dict, encoder_file: str | None) -
                 feats = {k: got[by[k]] for k in ("image_embeddings", "feat_s0", "feat_s1")}
                 what = f"{encoder_file} CPU outputs for astronaut.png"
         if feats is None:
-            feats = {k: rng.standard_normal(by[k]).astype(np.float32)
-                     for k in ("image_embeddings", "feat_s0", "feat_s1")}
+            feats = {
+                k: rng.standard_normal(by[k]).astype(np.float32) for k in ("image_embeddings", "feat_s0", "feat_s1")
+            }
         tables = {k: np.fromfile(bundle / v, dtype="<f4") for k, v in dec.tables.items()}
         c = tables["not_a_point"].shape[0]
         tables["gaussian"] = tables["gaussian"].reshape(2, c // 2)
@@ -167,18 +168,26 @@ def run_in_browser(browser, base_url: str, model_url: str, inputs_url: str, acce
     """One compile + timed runs in a fresh page; {ok, outputs, run_ms, delegation, ...} or timed_out."""
     from playwright.sync_api import TimeoutError as PwTimeout
 
-    q = urllib.parse.urlencode({"model": model_url, "inputs": inputs_url, "accel": accel,
-                                "runs": cfg.runs, "warmup": cfg.warmup})
+    q = urllib.parse.urlencode(
+        {"model": model_url, "inputs": inputs_url, "accel": accel, "runs": cfg.runs, "warmup": cfg.warmup}
+    )
     page = browser.new_page()
     try:
         page.goto(f"{base_url}/static/sweep.html?{q}")
         try:
-            page.wait_for_function("window.sweepResult !== null && window.sweepResult !== undefined",
-                                   timeout=cfg.timeout_s * 1000, polling=500)
+            page.wait_for_function(
+                "window.sweepResult !== null && window.sweepResult !== undefined",
+                timeout=cfg.timeout_s * 1000,
+                polling=500,
+            )
         except PwTimeout:
             lines = page.evaluate("window.sweepConsole ? window.sweepConsole() : []")
-            return {"ok": False, "timed_out": True, "error": f"no result within {cfg.timeout_s:.0f} s",
-                    "console": lines}
+            return {
+                "ok": False,
+                "timed_out": True,
+                "error": f"no result within {cfg.timeout_s:.0f} s",
+                "console": lines,
+            }
         return page.evaluate("window.sweepResult")
     finally:
         page.close()
@@ -197,12 +206,28 @@ def environment(browser, base_url: str, chromium: str, litertjs: str) -> dict:
     finally:
         page.close()
     os_name = f"{platform.system()} {platform.release()}"
-    label = " · ".join(x for x in (
-        f"{platform.machine()} {cores} cores", f"chromium {chromium} headless", platform.system(),
-        f"@litertjs/core {litertjs}", f"webgpu adapter {adapter['architecture'] or adapter['vendor']}" if adapter else
-        "no webgpu adapter") if x)
-    return {"chromium": chromium, "headless": True, "user_agent": ua, "os": os_name, "machine": platform.machine(),
-            "hardware_concurrency": cores, "litertjs": litertjs, "adapter": adapter, "label": label}
+    label = " · ".join(
+        x
+        for x in (
+            f"{platform.machine()} {cores} cores",
+            f"chromium {chromium} headless",
+            platform.system(),
+            f"@litertjs/core {litertjs}",
+            f"webgpu adapter {adapter['architecture'] or adapter['vendor']}" if adapter else "no webgpu adapter",
+        )
+        if x
+    )
+    return {
+        "chromium": chromium,
+        "headless": True,
+        "user_agent": ua,
+        "os": os_name,
+        "machine": platform.machine(),
+        "hardware_concurrency": cores,
+        "litertjs": litertjs,
+        "adapter": adapter,
+        "label": label,
+    }
 
 
 def _result_row(accel: str, res: dict, ref: list[tuple[str, np.ndarray]], cfg: SweepConfig) -> dict:
@@ -233,28 +258,44 @@ def _result_row(accel: str, res: dict, ref: list[tuple[str, np.ndarray]], cfg: S
     deleg = dict(res.get("delegation") or {})
     deleg["is_fully_accelerated_claim"] = res.get("is_fully_accelerated_claim")
     runs = res.get("run_ms") or []
-    row.update({
-        "delegation": deleg,
-        "output_match": (worst_rel is not None and worst_rel <= cfg.tolerance) if res.get("ok") else None,
-        "max_rel_diff": worst_rel, "max_abs_diff": worst_abs, "min_cosine": min_cos, "per_output": per,
-        "latency_p50_ms": round(statistics.median(runs), 3) if runs else None,
-        "latency_min_ms": round(min(runs), 3) if runs else None,
-        "first_run_ms": _r(res.get("first_run_ms")), "compile_ms": _r(res.get("compile_ms")), "runs": len(runs),
-        "warmup": cfg.warmup, "timeout_s": cfg.timeout_s,
-        "runtime_variant": res.get("runtime_variant"), "threads": res.get("threads"),
-        "error": res.get("error"),
-    })
+    row.update(
+        {
+            "delegation": deleg,
+            "output_match": (worst_rel is not None and worst_rel <= cfg.tolerance) if res.get("ok") else None,
+            "max_rel_diff": worst_rel,
+            "max_abs_diff": worst_abs,
+            "min_cosine": min_cos,
+            "per_output": per,
+            "latency_p50_ms": round(statistics.median(runs), 3) if runs else None,
+            "latency_min_ms": round(min(runs), 3) if runs else None,
+            "first_run_ms": _r(res.get("first_run_ms")),
+            "compile_ms": _r(res.get("compile_ms")),
+            "runs": len(runs),
+            "warmup": cfg.warmup,
+            "timeout_s": cfg.timeout_s,
+            "runtime_variant": res.get("runtime_variant"),
+            "threads": res.get("threads"),
+            "error": res.get("error"),
+        }
+    )
     zero = [n for n, m in per.items() if m["all_zero"]]
-    gpu_errors = list(dict.fromkeys(line.splitlines()[0][:300] for line in res.get("console") or []
-                                    if line.startswith(("WebGPU uncaptured error", "WebGPU device lost"))))
+    gpu_errors = list(
+        dict.fromkeys(
+            line.splitlines()[0][:300]
+            for line in res.get("console") or []
+            if line.startswith(("WebGPU uncaptured error", "WebGPU device lost"))
+        )
+    )
     if gpu_errors:
         row["webgpu_errors"] = gpu_errors[:5]
     if zero:
         row["evidence"] = f"outputs all zero in the browser (non-zero on the CPU): {', '.join(zero)}" + (
-            f"; first WebGPU error: {gpu_errors[0]}" if gpu_errors else "")
+            f"; first WebGPU error: {gpu_errors[0]}" if gpu_errors else ""
+        )
     if row["status"] != "pass":
-        row["console_tail"] = [line[:300] for line in (res.get("console") or [])
-                               if "INFO: [" not in line and "npu_registry" not in line][-25:]
+        row["console_tail"] = [
+            line[:300] for line in (res.get("console") or []) if "INFO: [" not in line and "npu_registry" not in line
+        ][-25:]
     return row
 
 
@@ -266,13 +307,15 @@ def _r(x):
 def tflite_files(bundle: Path) -> list[str]:
     files = sorted(p.name for p in bundle.glob("*.tflite"))
     if not files:
-        raise UserError(f"{bundle} holds no .tflite file; pass a LiteRT bundle written by "
-                        "`sam2edge export --target litert`")
+        raise UserError(
+            f"{bundle} holds no .tflite file; pass a LiteRT bundle written by `sam2edge export --target litert`"
+        )
     return files
 
 
-def sweep_bundle(bundle: str | Path, cfg: SweepConfig, progress=print, out_root: Path | None = None,
-                 browser=None) -> list[Path]:
+def sweep_bundle(
+    bundle: str | Path, cfg: SweepConfig, progress=print, out_root: Path | None = None, browser=None
+) -> list[Path]:
     """Sweep every .tflite of ``bundle`` on ``cfg.backends``; returns the record paths written.
 
     ``browser``: an already launched playwright chromium (``serve.chromium.launch``, WebGPU flags on) to
@@ -314,11 +357,15 @@ def sweep_bundle(bundle: str | Path, cfg: SweepConfig, progress=print, out_root:
         mounts = Mounts({"/static/": STATIC_DIR, "/bundle/": bundle, "/inputs/": tmp, **vendor_mounts(nm)})
         server = WebServer("127.0.0.1", 0, mounts, {})
         threading.Thread(target=server.serve_forever, daemon=True).start()
+
         def sweep_all(b) -> None:
             env = environment(b, server.url, chromium, litertjs)
             for file in files:
-                written.append(_sweep_one(bundle, file, card, encoder, cfg, b, server.url, tmp, env, date, out_dir,
-                                          sha256_bytes, progress))
+                written.append(
+                    _sweep_one(
+                        bundle, file, card, encoder, cfg, b, server.url, tmp, env, date, out_dir, sha256_bytes, progress
+                    )
+                )
 
         try:
             if browser is not None:
@@ -352,12 +399,15 @@ def _sweep_one(bundle, file, card, encoder, cfg, browser, url, tmp, env, date, o
     for accel in cfg.backends:
         progress(f"{file}: {accel} in chromium ({cfg.warmup} warm-up + {cfg.runs} runs)")
         t0 = time.time()
-        res = run_in_browser(browser, url, f"/bundle/{urllib.parse.quote(file)}", f"/inputs/{stem}.inputs.json",
-                             accel, cfg)
+        res = run_in_browser(
+            browser, url, f"/bundle/{urllib.parse.quote(file)}", f"/inputs/{stem}.inputs.json", accel, cfg
+        )
         row = _result_row(accel, res, ref, cfg)
         rows.append(row)
-        progress(f"{file}: {accel}: {row['status']}, max rel diff {row['max_rel_diff']}, "
-                 f"p50 {row['latency_p50_ms']} ms ({time.time() - t0:.0f} s)")
+        progress(
+            f"{file}: {accel}: {row['status']}, max rel diff {row['max_rel_diff']}, "
+            f"p50 {row['latency_p50_ms']} ms ({time.time() - t0:.0f} s)"
+        )
     record = {
         "schema": 1,
         "model_id": card.get("model_id", "unknown"),
@@ -369,8 +419,12 @@ def _sweep_one(bundle, file, card, encoder, cfg, browser, url, tmp, env, date, o
         "date": date,
         "provenance": "measured",
         "environment": env,
-        "config": {"tolerance": cfg.tolerance, "inputs": what, "reference": "ai-edge-litert CPU, 2 threads",
-                   "latency": "model.run + copy of every output to the page, after warm-up"},
+        "config": {
+            "tolerance": cfg.tolerance,
+            "inputs": what,
+            "reference": "ai-edge-litert CPU, 2 threads",
+            "latency": "model.run + copy of every output to the page, after warm-up",
+        },
         "results": rows,
     }
     path = out_dir / f"{record['model_id']}__{stem}.json"

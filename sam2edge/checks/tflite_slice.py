@@ -67,8 +67,10 @@ def signature_tensors(model) -> tuple[dict[str, int], dict[str, int]]:
     if not model.signatureDefs:
         raise UserError("the .tflite file has no signature; export it with litert-torch (sam2edge export)")
     sig = model.signatureDefs[0]
-    return ({m.name.decode(): int(m.tensorIndex) for m in sig.inputs},
-            {m.name.decode(): int(m.tensorIndex) for m in sig.outputs})
+    return (
+        {m.name.decode(): int(m.tensorIndex) for m in sig.inputs},
+        {m.name.decode(): int(m.tensorIndex) for m in sig.outputs},
+    )
 
 
 def _names(model) -> dict[int, str]:
@@ -198,5 +200,3 @@ def best_cut(model, start: int, target: int, end: int) -> int:
 def cut(path: str | Path, start: int, end: int) -> Piece:
     """``piece`` of the file at ``path`` (loaded afresh: ``piece`` rewrites the tree it is given)."""
     return piece(load_model(path), start, end)
-
-

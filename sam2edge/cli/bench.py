@@ -39,8 +39,12 @@ def run(args: argparse.Namespace) -> int:
     upstream = args.upstream or bool(args.compare)
     if not bundles and not upstream:
         raise UserError("nothing to time; pass bundle folders, --upstream, or --compare DIR ...")
-    for name, v, lo in (("--threads", args.threads, 1), ("--runs", args.runs, 1), ("--warmup", args.warmup, 0),
-                        ("--clicks", args.clicks, 1)):
+    for name, v, lo in (
+        ("--threads", args.threads, 1),
+        ("--runs", args.runs, 1),
+        ("--warmup", args.warmup, 0),
+        ("--clicks", args.clicks, 1),
+    ):
         if v < lo:
             raise UserError(f"{name} {v} must be at least {lo}")
     cfg = None

@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(args.bundle)
     search = [Path(r) for r in args.records] if args.records else [Path("records")]
     out = render_bundle(folder, search)
-    print(f"wrote {out['readme']} ({out['bench']} bench records, {out['sweep']} sweep records"
-          f"{', chart ' + str(out['chart']) if out['chart'] else ''})")
+    print(
+        f"wrote {out['readme']} ({out['bench']} bench records, {out['sweep']} sweep records"
+        f"{', chart ' + str(out['chart']) if out['chart'] else ''})"
+    )
     return 0

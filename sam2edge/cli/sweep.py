@@ -19,8 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=5, help="timed runs per model and backend (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model and backend before 'timeout'")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help=f"largest max relative diff that counts as a match (default {DEFAULT_TOLERANCE})")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"largest max relative diff that counts as a match (default {DEFAULT_TOLERANCE})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,8 +36,14 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.warmup < 0 or args.timeout <= 0:
         raise UserError("--runs must be >= 1, --warmup >= 0 and --timeout > 0")
     files = tuple(f.strip() for f in args.files.split(",") if f.strip())
-    cfg = SweepConfig(backends=backends, files=files, runs=args.runs, warmup=args.warmup, timeout_s=args.timeout,
-                      tolerance=args.tolerance)
+    cfg = SweepConfig(
+        backends=backends,
+        files=files,
+        runs=args.runs,
+        warmup=args.warmup,
+        timeout_s=args.timeout,
+        tolerance=args.tolerance,
+    )
     paths = sweep_bundle(args.bundle, cfg, progress=lambda m: print(f"-> {m}", file=sys.stderr, flush=True))
     print(f"{'model':<22} {'backend':<15} {'status':<16} {'full deleg.':<11} {'max rel diff':<13} p50 ms")
     for p in paths:

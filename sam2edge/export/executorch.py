@@ -108,12 +108,18 @@ def per_output(ref: EagerBackend, test: ExecuTorchBackend, x: np.ndarray) -> dic
     """Worst comparison per output: encoder on ``x``; decoder on the reference features for a click,
     clicks + negative, a box, box + click, each without and with a mask input."""
     rf, tf = ref.encode(x), test.encode(x)
-    out = {f"encoder.{n}": compare(getattr(tf, a), getattr(rf, a))
-           for n, a in zip(ENCODER_OUTPUTS, ("image_embed", "feat_s0", "feat_s1"))}
+    out = {
+        f"encoder.{n}": compare(getattr(tf, a), getattr(rf, a))
+        for n, a in zip(ENCODER_OUTPUTS, ("image_embed", "feat_s0", "feat_s1"))
+    }
     s = float(ref.cfg.image_size)
     pt, neg, tl, br, pad = [0.45, 0.4], [0.62, 0.7], [0.2, 0.25], [0.72, 0.8], [0.0, 0.0]
-    cases = [([pt, pad], [1, -1]), ([pt, neg, pad], [1, 0, -1]), ([tl, br, pad], [2, 3, -1]),
-             ([tl, br, pt, pad], [2, 3, 1, -1])]
+    cases = [
+        ([pt, pad], [1, -1]),
+        ([pt, neg, pad], [1, 0, -1]),
+        ([tl, br, pad], [2, 3, -1]),
+        ([tl, br, pt, pad], [2, 3, 1, -1]),
+    ]
     feats = Features(rf.image_embed, rf.feat_s0, rf.feat_s1)
     for pts, labels in cases:
         coords, lab = (np.array(pts, np.float32) * s)[None], np.array(labels, np.float32)[None]
@@ -140,8 +146,10 @@ def measure_fidelity(ref: EagerBackend, test: ExecuTorchBackend, precision: str,
         low = {k: v["cosine"] for k, v in outputs.items() if v["cosine"] < FP32_COSINE}
         failures += [f"{k} cosine {c:.7f} < {FP32_COSINE}" for k, c in low.items()]
     elif e2e["iou_worst"] < ACCURACY_BAR:
-        failures.append(f"{precision} worst mask IoU {e2e['iou_worst']:.4f} (median {e2e['iou_median']:.4f}) over "
-                        f"{e2e['clicks']} clicks < the {ACCURACY_BAR} bar")
+        failures.append(
+            f"{precision} worst mask IoU {e2e['iou_worst']:.4f} (median {e2e['iou_median']:.4f}) over "
+            f"{e2e['clicks']} clicks < the {ACCURACY_BAR} bar"
+        )
     return {
         "reference": "sam2edge eager fp32 with upstream's operations (Rewrites=UPSTREAM): the fp32 pipeline",
         "photo": FIDELITY_PHOTO,
@@ -194,13 +202,18 @@ def export_executorch(
             census[name] = counts.as_dict()
             size = (tmp / name).stat().st_size
             limit = int(SIZE_RATIO_MAX * params[role] + GRAPH_BYTES_PER_OP * counts.total_ops)
-            sizes[name] = {"bytes": size, "parameter_bytes": params[role], "ratio": round(size / params[role], 4),
-                           "limit_bytes": limit}
+            sizes[name] = {
+                "bytes": size,
+                "parameter_bytes": params[role],
+                "ratio": round(size / params[role], 4),
+                "limit_bytes": limit,
+            }
         ref = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
         fidelity = measure_fidelity(ref, ExecuTorchBackend(tmp, cfg), precision, num_clicks)
         fidelity["failures"] += [
             f"{n} is {s['ratio']:.3f}x its parameter bytes ({s['bytes']} > limit {s['limit_bytes']})"
-            for n, s in sizes.items() if s["bytes"] > s["limit_bytes"]
+            for n, s in sizes.items()
+            if s["bytes"] > s["limit_bytes"]
         ]
         fidelity["passed"] = not fidelity["failures"]
         if not fidelity["passed"] and not force:
@@ -217,9 +230,17 @@ def export_executorch(
             "preprocess": "resize to SxS bilinear, /255, mean (0.485,0.456,0.406), std (0.229,0.224,0.225), NCHW",
         }
         card = finalize_bundle(
-            tmp, target="executorch", precision=precision, resolution=cfg.image_size, config=config_name,
-            source=prov, command=command, artifacts={ENCODER_FILE: "encoder", DECODER_FILE: "decoder"},
-            fidelity=fidelity, status="shippable" if fidelity["passed"] else "rejected", extra=extra,
+            tmp,
+            target="executorch",
+            precision=precision,
+            resolution=cfg.image_size,
+            config=config_name,
+            source=prov,
+            command=command,
+            artifacts={ENCODER_FILE: "encoder", DECODER_FILE: "decoder"},
+            fidelity=fidelity,
+            status="shippable" if fidelity["passed"] else "rejected",
+            extra=extra,
         )
     return card
 
@@ -229,12 +250,16 @@ def summary(card: dict, out: Path) -> str:
     lines = [f"bundle: {out.resolve()} ({card['precision']}, {card['resolution']}px, status {card['status']})"]
     for name, s in ex["sizes"].items():
         d = ex["delegation"][name]
-        lines.append(f"  {name:<12} {s['bytes'] / 1e6:8.2f} MB = {s['ratio']:.3f}x parameters; "
-                     f"{d['delegated_ops']}/{d['total_ops']} ops delegated in {d['delegates']} XNNPACK partition(s)")
+        lines.append(
+            f"  {name:<12} {s['bytes'] / 1e6:8.2f} MB = {s['ratio']:.3f}x parameters; "
+            f"{d['delegated_ops']}/{d['total_ops']} ops delegated in {d['delegates']} XNNPACK partition(s)"
+        )
     worst = min(fid["outputs"].items(), key=lambda kv: kv[1]["cosine"])
     e2e = fid["end_to_end"]
-    lines.append(f"  worst output cosine {worst[1]['cosine']:.7f} ({worst[0]}); mask IoU vs fp32 over {e2e['clicks']} "
-                 f"clicks: median {e2e['iou_median']:.4f}, worst {e2e['iou_worst']:.4f}")
+    lines.append(
+        f"  worst output cosine {worst[1]['cosine']:.7f} ({worst[0]}); mask IoU vs fp32 over {e2e['clicks']} "
+        f"clicks: median {e2e['iou_median']:.4f}, worst {e2e['iou_worst']:.4f}"
+    )
     if fid["failures"]:
         lines.append("  FAILED: " + "; ".join(fid["failures"]))
     return "\n".join(lines)
@@ -245,7 +270,14 @@ def export_from_args(args: argparse.Namespace) -> int:
     cfg = get_config(args.config)
     if args.resolution is not None:
         cfg = cfg.at_resolution(args.resolution)
-    card = export_executorch(cfg, args.config, args.checkpoint, args.precision, args.out,
-                             force=args.force, command=getattr(args, "command_line", ""))
+    card = export_executorch(
+        cfg,
+        args.config,
+        args.checkpoint,
+        args.precision,
+        args.out,
+        force=args.force,
+        command=getattr(args, "command_line", ""),
+    )
     print(summary(card, Path(args.out)))
     return 0

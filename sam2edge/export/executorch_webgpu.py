@@ -111,15 +111,23 @@ def host_sparse(coords: np.ndarray, labels: np.ndarray, tables: dict) -> np.ndar
 def sample_inputs(cfg: Sam2Config) -> tuple[tuple, tuple]:
     e, c = cfg.image_embedding_size, cfg.d_model
     enc = (torch.randn(1, 3, RESOLUTION, RESOLUTION),)
-    dec = (torch.randn(1, c, e, e), torch.randn(1, c, e, e), torch.randn(1, 1, SLOTS, c), torch.randn(1, c, e, e),
-           torch.randn(1, c, 4 * e, 4 * e), torch.randn(1, c, 2 * e, 2 * e))
+    dec = (
+        torch.randn(1, c, e, e),
+        torch.randn(1, c, e, e),
+        torch.randn(1, 1, SLOTS, c),
+        torch.randn(1, c, e, e),
+        torch.randn(1, c, 4 * e, 4 * e),
+        torch.randn(1, c, 2 * e, 2 * e),
+    )
     return enc, dec
 
 
 def lower_both(graphs: dict, partitioner_factory, legalize: bool) -> dict:
     """name -> (ExecutorchProgramManager, Census) with one partitioner kind (XNNPACK legalization or not)."""
-    return {name: lower(module.eval(), args, [partitioner_factory()], legalize=legalize)
-            for name, (module, args) in graphs.items()}
+    return {
+        name: lower(module.eval(), args, [partitioner_factory()], legalize=legalize)
+        for name, (module, args) in graphs.items()
+    }
 
 
 def _model_prompt(p, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -173,8 +181,15 @@ def verify_on_cpu(programs: dict, model: Sam2ImageModel, ref: EagerBackend, fold
     return {"prompts": rows, "mask_iou_worst": min(r["mask_iou_min_over_3"] for r in rows), **worst}
 
 
-def export_webgpu(cfg: Sam2Config, config_name: str, checkpoint: str | None, out: str | Path, *,
-                  force: bool = False, command: str = "") -> dict:
+def export_webgpu(
+    cfg: Sam2Config,
+    config_name: str,
+    checkpoint: str | None,
+    out: str | Path,
+    *,
+    force: bool = False,
+    command: str = "",
+) -> dict:
     """Lower card 004's programs with the WebGPU partitioner, verify their XNNPACK twins, write the bundle."""
     from executorch.backends.webgpu.partitioner import WebGPUPartitioner
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -199,12 +214,18 @@ def export_webgpu(cfg: Sam2Config, config_name: str, checkpoint: str | None, out
         cpu = lower_both(graphs, XnnpackPartitioner, legalize=True)
         ref = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
         verification = verify_on_cpu(cpu, model, ref, tmp)
-        failures = [] if verification["mask_iou_worst"] >= 1.0 else [
-            f"CPU twin mask IoU worst {verification['mask_iou_worst']:.4f} < 1.000 vs upstream at {RESOLUTION}"]
+        failures = (
+            []
+            if verification["mask_iou_worst"] >= 1.0
+            else [f"CPU twin mask IoU worst {verification['mask_iou_worst']:.4f} < 1.000 vs upstream at {RESOLUTION}"]
+        )
         fidelity = {
             "reference": "sam2edge eager fp32 with upstream's operations at 512 (Rewrites=UPSTREAM)",
             "method": "the exported graphs lowered to XNNPACK/portable (this runtime cannot run WebGPU programs)",
-            "cpu_twin": verification, "bars": {"mask_iou_worst_min": 1.0}, "passed": not failures, "failures": failures,
+            "cpu_twin": verification,
+            "bars": {"mask_iou_worst_min": 1.0},
+            "passed": not failures,
+            "failures": failures,
         }
         if failures and not force:
             raise UserError(f"export refused: {failures[0]}; pass --force to write it marked 'rejected'")
@@ -217,9 +238,17 @@ def export_webgpu(cfg: Sam2Config, config_name: str, checkpoint: str | None, out
             "executable_here": False,
         }
         card = finalize_bundle(
-            tmp, target="executorch-webgpu", precision="fp32", resolution=RESOLUTION, config=config_name,
-            source=prov, command=command, artifacts=files, fidelity=fidelity,
-            status="shippable" if not failures else "rejected", extra=extra,
+            tmp,
+            target="executorch-webgpu",
+            precision="fp32",
+            resolution=RESOLUTION,
+            config=config_name,
+            source=prov,
+            command=command,
+            artifacts=files,
+            fidelity=fidelity,
+            status="shippable" if not failures else "rejected",
+            extra=extra,
         )
     return card
 
@@ -231,8 +260,9 @@ def export_from_args(args: argparse.Namespace) -> int:
     if args.resolution not in (None, RESOLUTION):
         raise UserError(f"the WebGPU contract is {RESOLUTION}x{RESOLUTION} (card 004); drop --resolution or pass 512")
     cfg = get_config(args.config).at_resolution(RESOLUTION)
-    card = export_webgpu(cfg, args.config, args.checkpoint, args.out, force=args.force,
-                         command=getattr(args, "command_line", ""))
+    card = export_webgpu(
+        cfg, args.config, args.checkpoint, args.out, force=args.force, command=getattr(args, "command_line", "")
+    )
     d, v = card["extra"]["delegation"], card["fidelity"]["cpu_twin"]
     print(f"bundle: {Path(args.out).resolve()} (WebGPU, {RESOLUTION}px, status {card['status']})")
     for name, c in d.items():

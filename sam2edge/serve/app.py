@@ -61,8 +61,14 @@ class Photo:
 class App:
     """State of one server: the encoder backend, the browser decoder (or None), photos per session."""
 
-    def __init__(self, backend: Backend, decoder: BrowserDecoder | None, decoder_note: str = "",
-                 limits: Limits | None = None, provenance: dict | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        decoder: BrowserDecoder | None,
+        decoder_note: str = "",
+        limits: Limits | None = None,
+        provenance: dict | None = None,
+    ) -> None:
         self.backend, self.decoder, self.decoder_note = backend, decoder, decoder_note
         self.limits = limits or Limits()
         self.provenance = provenance or {}
@@ -106,8 +112,10 @@ class App:
             "decoder": self.decoder.describe("/model/") if (self.decoder and self.nm) else None,
             "decoder_note": self.decoder_note,
             "litertjs_version": litertjs_version(self.nm) if self.nm else None,
-            "limits": {"max_upload_mb": self.limits.max_upload_bytes / 1e6,
-                       "max_megapixels": self.limits.max_pixels / 1e6},
+            "limits": {
+                "max_upload_mb": self.limits.max_upload_bytes / 1e6,
+                "max_megapixels": self.limits.max_pixels / 1e6,
+            },
             "samples": list(PHOTOS),
         }
 
@@ -166,16 +174,18 @@ class App:
         else:
             rgb = decode_upload(h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
         image_id, photo, ms = self.add_photo(session, rgb)
-        h.send_json({
-            "id": image_id,
-            "width": int(rgb.shape[1]),
-            "height": int(rgb.shape[0]),
-            "features": {k: list(getattr(photo.features, k).shape) for k in FEATURE_ORDER},
-            "encode_ms": round(ms, 1),
-        })
+        h.send_json(
+            {
+                "id": image_id,
+                "width": int(rgb.shape[1]),
+                "height": int(rgb.shape[0]),
+                "features": {k: list(getattr(photo.features, k).shape) for k in FEATURE_ORDER},
+                "encode_ms": round(ms, 1),
+            }
+        )
 
     def _split(self, path: str) -> tuple[str, str]:
-        parts = path[len("/api/images/"):].split("/")
+        parts = path[len("/api/images/") :].split("/")
         if len(parts) != 2:
             raise HttpError(404, f"no such page: {path[:80]}")
         return parts[0], parts[1]
@@ -202,11 +212,12 @@ class App:
         except (UserError, ValueError) as e:  # e.g. more points than the bundle's prompt slots
             raise HttpError(400, str(e).splitlines()[0][:200]) from None
         arrays = (out.masks, out.iou, out.single_mask, out.single_iou, out.object_score)
-        h.send_body(200, b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays),
-                    "application/octet-stream")
+        h.send_body(
+            200, b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays), "application/octet-stream"
+        )
 
     def _get_model_file(self, h: Handler, path: str, query: dict) -> None:
-        name = path[len("/model/"):]
+        name = path[len("/model/") :]
         if self.decoder is None or name not in self.decoder.files:
             raise HttpError(404, f"no such model file {name[:60]!r}")
         h.send_file(self.decoder.folder / name)

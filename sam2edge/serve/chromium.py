@@ -40,8 +40,10 @@ def chromium_path() -> Path:
     for c in ([env] if env else []) + list(CHROMIUM_CANDIDATES) + [shutil.which("chromium") or ""]:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return Path(c)
-    raise UserError("chromium is not installed; run `apt-get install -y chromium libvulkan1` (scripts/setup.sh "
-                    "does it) or set SAM2EDGE_CHROMIUM to a Chromium/Chrome executable")
+    raise UserError(
+        "chromium is not installed; run `apt-get install -y chromium libvulkan1` (scripts/setup.sh "
+        "does it) or set SAM2EDGE_CHROMIUM to a Chromium/Chrome executable"
+    )
 
 
 def chromium_version(path: Path | None = None) -> str:

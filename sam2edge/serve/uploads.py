@@ -30,26 +30,35 @@ def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning):
         # PIL refuses to identify huge headers itself; tell which one it is
         if _looks_like_image(data):
-            raise HttpError(413, f"the image has more pixels than the limit of {max_pixels / 1e6:.0f} MP "
-                                 "(decompression bomb guard); downscale it first") from None
-        raise HttpError(415, "the upload is not an image PNG/JPEG/WebP/BMP/GIF/TIFF can read; "
-                             "open a photo file") from None
+            raise HttpError(
+                413,
+                f"the image has more pixels than the limit of {max_pixels / 1e6:.0f} MP "
+                "(decompression bomb guard); downscale it first",
+            ) from None
+        raise HttpError(
+            415, "the upload is not an image PNG/JPEG/WebP/BMP/GIF/TIFF can read; open a photo file"
+        ) from None
     except OSError as e:
-        raise HttpError(400, f"cannot read the image ({_first_line(e)}); the file may be truncated or "
-                             "corrupt") from None
+        raise HttpError(
+            400, f"cannot read the image ({_first_line(e)}); the file may be truncated or corrupt"
+        ) from None
     with im:
         w, h = im.size
         if w * h > max_pixels:
-            raise HttpError(413, f"the image is {w}x{h} = {w * h / 1e6:.0f} MP; the limit is {max_pixels / 1e6:.0f} MP "
-                                 "(decompression bomb guard); downscale it first")
+            raise HttpError(
+                413,
+                f"the image is {w}x{h} = {w * h / 1e6:.0f} MP; the limit is {max_pixels / 1e6:.0f} MP "
+                "(decompression bomb guard); downscale it first",
+            )
         if w < 1 or h < 1:
             raise HttpError(400, f"the image is {w}x{h}; open a photo with at least one pixel")
         try:
             im.load()
             return to_rgb_array(im)
         except (OSError, SyntaxError, ValueError) as e:
-            raise HttpError(400, f"cannot decode the image ({_first_line(e)}); the file may be truncated or "
-                                 "corrupt") from None
+            raise HttpError(
+                400, f"cannot decode the image ({_first_line(e)}); the file may be truncated or corrupt"
+            ) from None
 
 
 def _looks_like_image(data: bytes) -> bool:

@@ -127,8 +127,11 @@ class Handler(BaseHTTPRequestHandler):
                     break
                 left -= len(chunk)
             self.close_connection = True  # anything unread must not be parsed as the next request
-            raise HttpError(413, f"upload is {n / 1e6:.1f} MB; the limit is {limit / 1e6:.1f} MB (start serve with a "
-                                 "larger --max-upload-mb, or send a smaller file)")
+            raise HttpError(
+                413,
+                f"upload is {n / 1e6:.1f} MB; the limit is {limit / 1e6:.1f} MB (start serve with a "
+                "larger --max-upload-mb, or send a smaller file)",
+            )
         return self.rfile.read(n)
 
     def _dispatch(self, method: str) -> None:
