@@ -35,7 +35,8 @@ class NaiveEncoder(nn.Module):
 
 
 def _report(path: Path, out_dir: Path) -> None:
-    from sam2edge.checks.gpu_check import check_file, environment, format_report
+    from sam2edge.checks.gpu_check import check_file, environment
+    from sam2edge.checks.gpu_report import format_report
 
     t = time.perf_counter()
     r = check_file(path)

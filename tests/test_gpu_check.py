@@ -15,6 +15,7 @@ from torch import nn
 from sam2edge.checks import gpu_check
 from sam2edge.checks.gpu_check import check_file, parse_delegate_log, run_on, verdict_of
 from sam2edge.checks.gpu_feeds import Feeds
+from sam2edge.checks.gpu_report import format_report
 from sam2edge.checks.tflite_lint import lint_file
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
@@ -157,7 +158,7 @@ def test_crashed_gpu_run_is_a_failed_verdict(toys, monkeypatch):
     r = check_file(folder / "clean.tflite")
     assert r.verdict == "failed" and "Failed to lock" in r.failures[0]
     assert r.residency.gpu_errors and "validation error" in r.failures[1]
-    assert "FAILED" in gpu_check.format_report(r)
+    assert "FAILED" in format_report(r)
 
 
 def test_cli_json_and_exit_codes(toys, capsys):
@@ -321,7 +322,7 @@ def test_graph_past_the_deadline_is_run_in_pieces(rank_decoders, monkeypatch, gp
     assert all(s["ops_gpu"] == s["ops"] for s in r.segments), r.segments  # each piece whole on the GPU
     assert all(m["cosine"] >= 0.9999 for m in r.outputs.values())
     assert r.mask_iou["clicks"] == 20 and r.mask_iou["iou_worst"] >= 0.99
-    assert "chained pieces" in gpu_check.format_report(r)
+    assert "chained pieces" in format_report(r)
 
 
 def test_too_slow_and_unsplittable_is_device_limit(toys, monkeypatch):

@@ -11,7 +11,7 @@ from oracles import meta_image_path
 from sam2edge.config import TEST_SMALL
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph, TokenDecoderGraph
 from sam2edge.model import UPSTREAM, Rewrites, build_sam2
-from sam2edge.model.layers import attention_chunk, query_chunk
+from sam2edge.model.layers import attention_chunk
 from sam2edge.weights import synthetic_state_dict
 
 ALL_REWRITES = [
@@ -167,32 +167,13 @@ def test_attention_slices_fit_the_texture_limit(limit):
     assert attention_chunk(1024, 1, 96, 64, 0) == 1024
 
 
-@pytest.mark.parametrize("limit", [128 << 20, 100_000, 1])
-def test_query_slices_fit_the_score_limit(limit):
-    """Every query slice's fp32 scores fit ``limit`` bytes (when one row can), in the fewest equal slices."""
-    for batch, heads, nq, nk in itertools.product((1, 4), (1, 4, 8), (1, 64, 4096), (16, 196, 4096)):
-        rows = query_chunk(batch, heads, nq, nk, limit)
-        row_bytes = batch * heads * nk * 4
-        assert 1 <= rows <= nq
-        if row_bytes <= limit:
-            assert rows * row_bytes <= limit, (batch, heads, nq, nk, rows)
-            assert -(-nq // rows) == -(-nq // (limit // row_bytes)), "not the fewest slices that fit"
-    assert query_chunk(1, 4, 4096, 4096, 128 << 20) == 2048  # full-size stage-3 global attention: two halves
-    assert query_chunk(1, 4, 4096, 4096, 0) == 4096
-
-
-@pytest.mark.parametrize(
-    "split",
-    [Rewrites(texture_limit=8, score_limit=0), Rewrites(texture_limit=0, score_limit=64 << 10)],
-    ids=["texture_limit", "score_limit"],
-)
-def test_attention_splits_without_changing_results(sd, split):
-    """Tiny limits force attentions into window / query slices: same outputs as the unsplit model."""
+def test_texture_limit_splits_attention_without_changing_results(sd):
+    """A tiny limit forces every attention into window slices: same outputs as the unsplit model."""
     torch.manual_seed(1)
     image = torch.randn(1, 3, 256, 256)
     coords, labels = torch.tensor([[[60.0, 80.0], [0.0, 0.0]]]), torch.tensor([[1.0, -1.0]])
     mask = torch.randn(1, 1, 64, 64)
-    whole, sliced = build_sam2(TEST_SMALL, Rewrites(texture_limit=0, score_limit=0)), build_sam2(TEST_SMALL, split)
+    whole, sliced = build_sam2(TEST_SMALL, Rewrites(texture_limit=0)), build_sam2(TEST_SMALL, Rewrites(texture_limit=8))
     whole.load_state_dict(sd)
     sliced.load_state_dict(sd)
 

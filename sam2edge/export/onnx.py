@@ -48,7 +48,6 @@ ONNX_REWRITES = Rewrites(
     transposed_conv="native",
     layer_norm="native",
     texture_limit=0,
-    score_limit=0,
 )
 PRECISIONS = ("fp32", "fp16")
 FP32_COSINE, IOU_BAR, CLICKS = 0.99999, 0.99, 40

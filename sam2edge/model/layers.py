@@ -23,7 +23,6 @@ class Rewrites:
     layer_norm: str = "safe"  # "safe": scale-before-square; "native": F.layer_norm / upstream LayerNorm2d
     mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
     texture_limit: int = 8192  # split batched attention so each matmul operand fits a GPU texture side; 0: never
-    score_limit: int = 128 << 20  # split attention over queries so no fp32 score tensor exceeds these bytes; 0: never
 
     def __post_init__(self) -> None:
         checks = {
@@ -38,8 +37,6 @@ class Rewrites:
                 raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
         if self.texture_limit < 0:
             raise ValueError(f"Rewrites.texture_limit={self.texture_limit}; allowed: 0 (off) or a positive side")
-        if self.score_limit < 0:
-            raise ValueError(f"Rewrites.score_limit={self.score_limit}; allowed: 0 (off) or a positive byte count")
 
 
 UPSTREAM = Rewrites(
@@ -49,7 +46,6 @@ UPSTREAM = Rewrites(
     layer_norm="native",
     mask_head="matmul",
     texture_limit=0,
-    score_limit=0,
 )
 
 
@@ -72,23 +68,6 @@ def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: 
     return math.ceil(batch / pieces)  # equal slices, each no larger than the largest that fits
 
 
-def query_chunk(batch: int, num_heads: int, nq: int, nk: int, score_limit: int) -> int:
-    """Largest query slice whose fp32 score tensor (batch, num_heads, rows, nk) fits ``score_limit`` bytes.
-
-    On the software GPU (SwiftShader under LiteRT's WebGPU delegate) the full-size encoder's stage-3
-    global attention, whose (1, 4, 4096, 4096) scores take 256 MiB, came out silently wrong (cosine
-    0.85 vs CPU) while the same block with the queries in two halves matched exactly; 128 MiB is
-    WebGPU's default ``maxStorageBufferBindingSize``. Softmax runs per query row, so splitting the
-    queries leaves every row's arithmetic unchanged. Returns ``nq`` when no split is needed or
-    ``score_limit`` is 0; at least 1.
-    """
-    row_bytes = batch * num_heads * nk * 4  # one query row of scores, fp32
-    if not score_limit or nq * row_bytes <= score_limit:
-        return nq
-    pieces = math.ceil(nq / max(1, score_limit // row_bytes))  # fewest slices that fit
-    return math.ceil(nq / pieces)  # equal slices, each no larger than the largest that fits
-
-
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -102,21 +81,17 @@ def attention(
     q: (B, Nq, C), k: (B, Nk, C), v: (B, Nk, Cv) with C, Cv divisible by num_heads.
     key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
     Returns (B, Nq, Cv). No tensor above rank 4 is created. With ``rw.texture_limit`` the batch
-    is processed in static slices (see ``attention_chunk``), and with ``rw.score_limit`` the queries
-    (see ``query_chunk``); each item's and each query row's arithmetic is unchanged.
+    is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
     """
-    B, Nq, Nk = q.shape[0], q.shape[1], k.shape[1]
+    B, Nk = q.shape[0], k.shape[1]
     step = attention_chunk(B, num_heads, q.shape[2] // num_heads, Nk, rw.texture_limit)
-    rows = query_chunk(step, num_heads, Nq, Nk, rw.score_limit)
-    if step >= B and rows >= Nq:
+    if step >= B:
         return _attention(q, k, v, num_heads, rw, key_bias)
     outs = []
     for i in range(0, B, step):
         kb = None if key_bias is None else key_bias[i : i + step]
-        kv = k[i : i + step], v[i : i + step]
-        parts = [_attention(q[i : i + step, j : j + rows], *kv, num_heads, rw, kb) for j in range(0, Nq, rows)]
-        outs.append(parts[0] if len(parts) == 1 else torch.cat(parts, 1))  # (step, Nq, Cv)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)  # (B, Nq, Cv)
+        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb))
+    return torch.cat(outs, 0)  # (B, Nq, Cv)
 
 
 def _attention(
