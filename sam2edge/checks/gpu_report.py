@@ -1,0 +1,119 @@
+"""GPU-check reports: text for people, compact records for fidelity.json / card.json, export integration.
+
+``format_report`` prints one ``gpu_check.FileReport``; ``bundle_record`` is what an export (``export_check``,
+run by ``export.litert``) or ``sam2edge gpu-check DIR --record`` (``record_in_bundle``) stores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sam2edge.checks.gpu_check import BARS, FileReport, check_file, environment
+from sam2edge.errors import UserError
+
+
+def tflite_files(target: str | Path) -> list[Path]:
+    """A .tflite file, or every .tflite directly in a folder (sorted); else UserError."""
+    target = Path(target)
+    if target.is_dir():
+        files = sorted(target.glob("*.tflite"))
+        if not files:
+            raise UserError(f"{target} holds no .tflite file; pass a .tflite file or a LiteRT bundle folder")
+        return files
+    if not target.is_file():
+        raise UserError(f"{target} does not exist; pass a .tflite file or a folder of them")
+    return [target]
+
+
+def format_report(r: FileReport) -> str:
+    """Human-readable lines for one file; the verdict first."""
+    res = r.residency
+    lines = [
+        f"{r.path}: {r.verdict.upper()} ({r.kind})",
+        f"  GPU ops {res.ops_gpu}/{res.ops_total} in {res.partitions} partition(s); "
+        f"is_fully_accelerated() said {res.fully_accelerated_claim} (not trusted)",
+    ]
+    lines += [f"  rejected {x['op']}: {x['reason']}" for x in res.rejected]
+    lines += [f"  WebGPU validation error: {e}" for e in res.gpu_errors]
+    for name, m in r.outputs.items():
+        lines.append(
+            f"  {name:<18} GPU vs CPU: cosine {m['cosine']:.7f}  corr {m['correlation']:.7f}  "
+            f"max-abs {m['max_abs']:.3g}"
+        )
+    if r.mask_iou:
+        mi = r.mask_iou
+        lines.append(
+            f"  mask IoU GPU vs CPU over {mi['clicks']} clicks on {len(mi['photos'])} photos: "
+            f"median {mi['iou_median']:.5f}, worst {mi['iou_worst']:.5f}, "
+            f"same candidate {mi['selection_agreement']:.0%}"
+        )
+    if r.segments:
+        spans = ", ".join(f"{g['nodes'][0]}-{g['nodes'][1] - 1}" for g in r.segments)
+        lines.append(
+            f"  GPU run in {len(r.segments)} chained pieces (whole graph missed the delegate's 2-min deadline): "
+            f"nodes {spans}; piece cosine vs CPU: " + ", ".join(f"{g['cosine_min']:.7f}" for g in r.segments)
+        )
+    per_run = f"; GPU {r.seconds['gpu_run_mean']:.3f} s/run" if "gpu_run_mean" in r.seconds else ""
+    lines.append(f"  inputs: {r.inputs_source}; {r.runs} run(s){per_run}")
+    lines += [f"  why: {f}" for f in r.failures if not f.startswith(("rejected ", "WebGPU validation"))]
+    return "\n".join(lines)
+
+
+# ---- export integration --------------------------------------------------------------------------
+
+
+def summarize(r: FileReport) -> dict:
+    """The compact record of one file that an export writes into fidelity.json / card.json."""
+    res = r.residency
+    return {
+        "verdict": r.verdict,
+        "kind": r.kind,
+        "ops_gpu": res.ops_gpu,
+        "ops_total": res.ops_total,
+        "partitions": res.partitions,
+        "rejected": res.rejected,
+        "gpu_errors": res.gpu_errors,
+        "outputs": r.outputs,
+        "mask_iou": r.mask_iou,
+        "failures": r.failures,
+        "inputs": r.inputs_source,
+        "segments": r.segments,
+    }
+
+
+def bundle_record(reports: list[FileReport]) -> dict:
+    """fidelity.json ``checks.gpu_delegate``: environment, bars, one summary per file, all_resident."""
+    device = next((r.residency.device for r in reports if r.residency.device), "")
+    return {
+        "environment": environment(device),
+        "bars": BARS,
+        "files": {Path(r.path).name: summarize(r) for r in reports},
+        "all_resident": all(r.verdict == "resident" for r in reports),
+    }
+
+
+def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str) -> None:
+    """Replace fidelity.json ``checks.gpu_delegate`` of an export bundle, mirror it in card.json, rewrite the
+    manifest (``sam2edge gpu-check DIR --record``: re-check a bundle on another device or LiteRT version)."""
+    from sam2edge.export.bundle import record_fidelity
+
+    entry = dict(bundle_record(reports), command=command)
+    record_fidelity(Path(folder), ("checks", "gpu_delegate"), entry, "gpu-check --record")
+
+
+def export_check(ctx) -> dict:
+    """``export.litert.POST_EXPORT_CHECKS`` entry: GPU-check every staged .tflite of a LiteRT export.
+
+    ``ctx``: the exporter's ExportContext (folder, files, allow_dirty). A file that is not ``resident``
+    refuses the export (UserError naming the file and why) unless ``ctx.allow_dirty``.
+    """
+    reports = [check_file(ctx.folder / f) for f in sorted(ctx.files) if f.endswith(".tflite")]
+    record = bundle_record(reports)
+    bad = next((r for r in reports if r.verdict not in ("resident", "device-limit")), None)
+    if bad is not None and not getattr(ctx, "allow_dirty", False):
+        why = bad.failures[0] if bad.failures else bad.verdict
+        raise UserError(
+            f"{Path(bad.path).name} is {bad.verdict} on LiteRT's GPU delegate ({why}); "
+            "fix the graph or pass --allow-dirty"
+        )
+    return record
