@@ -16,13 +16,15 @@ Debian ``chromium`` package) and its stderr, the delegate's own log, is parsed f
 ``is_fully_accelerated()`` is recorded but never trusted (it says True for partial graphs).
 Numerics GPU vs CPU per output (``fidelity.compare`` over all feeds stacked) and, for a decoder,
 mask IoU per click (candidate = CPU's argmax IoU for multimask clicks, else the single-mask output;
-low-res 4e x 4e logits thresholded at 0).
+low-res 4e x 4e logits thresholded at 0). A graph too slow for the delegate's 2-minute wait runs on the
+GPU as chained standalone pieces (``_in_pieces``, ``tflite_slice``).
 
 Verdicts: ``failed`` (the GPU run crashed; the CPU run did not), ``mismatch`` (numerics outside BARS
 or a WebGPU validation error; takes precedence over placement), ``partial`` (an op on the CPU or more
 than one GPU partition), ``resident`` (all ops in one GPU partition, numerics within BARS), and
 ``device-limit`` (all ops in one GPU partition, but the software device refused a texture above its
-size limit, so the GPU numerics cannot be measured here: SwiftShader's 8192 limit at 1024 px). A
+size limit, or the graph misses the deadline even in pieces, so the GPU numerics cannot be measured
+here). A
 ``device-limit`` file is recorded and reported, not refused: it says nothing against the graph, and
 nothing for it either.
 """
