@@ -307,9 +307,9 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
     """
     from sam2edge.checks import tflite_slice
 
-    graph = tflite_slice.load_model(path)
+    graph = tflite_slice.load_model(path)  # parsed once; every piece is cut from it
     model_in, model_out = tflite_slice.signature_tensors(graph)
-    ops_total, n = _ops_total(path), len(feeds.runs)
+    ops_total, n = len(graph.subgraphs[0].operators), len(feeds.runs)
     # per run and side: full-graph tensor index -> value, starting from the graph's inputs
     values = {
         side: [{t: feeds.arrays[run[name]] for name, t in model_in.items()} for run in feeds.runs]
@@ -324,7 +324,7 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
         while pending:
             a, b = pending.pop(0)
             stage(f"GPU piece: nodes {a}-{b - 1} of {ops_total}")
-            piece = tflite_slice.cut(path, a, b)
+            piece = tflite_slice.piece(graph, a, b)
             file = Path(tmp) / f"nodes_{a}_{b}.tflite"
             file.write_bytes(piece.data)
             runs = {}

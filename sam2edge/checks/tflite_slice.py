@@ -4,8 +4,7 @@ Used by the GPU check when a whole graph is too slow for the GPU delegate's fixe
 software GPU: every piece runs whole on the GPU, fed by the previous pieces' GPU outputs, and the last
 outputs are compared with the CPU run of the whole graph. Nothing about the operators changes: a piece
 keeps their options, tensors and constant buffers byte for byte (constants stored after the flatbuffer
-move inside it); only the graph's inputs, outputs and
-signature are new.
+move inside it); only the graph's inputs, outputs and signature are new.
 
 A piece over operators [start, end) of subgraph 0 (in execution order, as TFLite stores them) has
   inputs:  every non-constant tensor its operators read that none of them writes (graph inputs or
@@ -20,6 +19,7 @@ Reads and writes the flatbuffer through ``schema_py_generated`` (LiteRT's genera
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +79,9 @@ def _names(model) -> dict[int, str]:
 
 
 def piece(model, start: int, end: int) -> Piece:
-    """The standalone graph of operators [start, end) of ``model``'s subgraph 0 (see the module doc)."""
+    """The standalone graph of operators [start, end) of ``model``'s subgraph 0 (see the module doc).
+
+    ``model`` (from ``load_model``) is left as it is, so one parsed file serves every piece."""
     schema = _schema()
     sg = model.subgraphs[0]
     if not 0 <= start < end <= len(sg.operators):
@@ -90,7 +92,7 @@ def piece(model, start: int, end: int) -> Piece:
     own = [i for i in range(start, end) if i not in folded]
     needed = {int(t) for i in own for t in sg.operators[i].inputs if t >= 0}
     pulled = [i for i in sorted(folded) if any(int(t) in needed for t in sg.operators[i].outputs)]
-    ops = [sg.operators[i] for i in sorted(own + pulled)]  # execution order kept
+    ops = [copy.copy(sg.operators[i]) for i in sorted(own + pulled)]  # execution order kept; re-indexed below
     written = {int(t) for op in ops for t in op.outputs if t >= 0}
     read = [int(t) for op in ops for t in op.inputs if t >= 0]
     later = {int(t) for i in range(end, len(sg.operators)) if i not in folded for t in sg.operators[i].inputs}
@@ -101,7 +103,7 @@ def piece(model, start: int, end: int) -> Piece:
     remap = {old: new for new, old in enumerate(used)}
     buffers, tensors = [schema.BufferT()], []  # buffer 0 stays the empty sentinel
     for old in used:
-        t = sg.tensors[old]
+        t = copy.copy(sg.tensors[old])  # re-indexed and maybe renamed below
         if t.buffer and model.buffers[t.buffer].data is not None:
             buffers.append(model.buffers[t.buffer])
             t.buffer = len(buffers) - 1
@@ -172,16 +174,15 @@ def _readers(model) -> tuple[dict[int, int], dict[int, list[int]]]:
     return writer, readers
 
 
-def risky_outputs(model, start: int, end: int) -> int:
-    """How many outputs of piece [start, end) are read by exactly one of its own operators.
+def _risky_outputs(writer: dict[int, int], readers: dict[int, list[int]], outs: set[int], start: int, end: int):
+    """How many outputs of piece [start, end) are read by exactly one of its own operators (``_readers``
+    gives ``writer`` / ``readers``; ``outs`` = the graph's outputs).
 
     Measured on LiteRT 2.3's GPU delegate (SwiftShader): such an output can come back wrong (cosine 0.07 vs
     the CPU): a decoder LayerNorm's closing ADD, read by one FULLY_CONNECTED inside the piece and by a
     residual ADD after it, was merged into its reader and never written out. Outputs with no reader or
     several readers inside the piece came back exact, so pieces are cut where this count is 0.
     """
-    writer, readers = _readers(model)
-    outs = {int(t) for t in model.subgraphs[0].outputs}
     count = 0
     for t, w in writer.items():
         if start <= w < end and (t in outs or readers.get(t, [-1])[-1] >= end):
@@ -191,12 +192,18 @@ def risky_outputs(model, start: int, end: int) -> int:
 
 def best_cut(model, start: int, target: int, end: int) -> int:
     """The cut in (start, end) nearest ``target`` whose piece [start, cut) has no risky output (see
-    ``risky_outputs``); among the nearest 10 % either side, else the fewest risky outputs."""
+    ``_risky_outputs``), looked for within 10 % of the range either side; if none is clean, the nearest."""
+    writer, readers = _readers(model)
+    outs = {int(t) for t in model.subgraphs[0].outputs}
     span = max(1, (end - start) // 10)
     options = range(max(start + 1, target - span), min(end - 1, target + span) + 1)
-    return min(options, key=lambda c: (risky_outputs(model, start, c) > 0, abs(c - target)), default=target)
+    return min(
+        options,
+        key=lambda c: (_risky_outputs(writer, readers, outs, start, c) > 0, abs(c - target)),
+        default=target,
+    )
 
 
 def cut(path: str | Path, start: int, end: int) -> Piece:
-    """``piece`` of the file at ``path`` (loaded afresh: ``piece`` rewrites the tree it is given)."""
+    """``piece`` of the file at ``path`` (parses the file: to cut one file often, ``load_model`` it once)."""
     return piece(load_model(path), start, end)
