@@ -17,7 +17,7 @@ from oracles import hf_sam2_model, meta_sam2base  # noqa: E402
 from sam2edge.config import HIERA_TINY  # noqa: E402
 from sam2edge.weights.load import expected_shapes, to_sam2edge  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("SAM2EDGE_TEST_THREADS", "2")))  # 1 when cores are shared
 
 
 @pytest.fixture(scope="session")
