@@ -61,7 +61,7 @@ def naive_encoder(out_dir: Path) -> None:
 
 def rank_decoder(rank: int, bundle: Path, out_dir: Path) -> None:
     from sam2edge.config import get_config
-    from sam2edge.export.bundle import load_card
+    from sam2edge.bundle import load_card
     from sam2edge.export.litert import convert_graph, graphs
     from sam2edge.model import Rewrites, build_sam2
     from sam2edge.runtime.litert_backend import CARD_CONST_FILE, DECODER_FILE, ENCODER_FILE, TABLE_FILES

@@ -16,10 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
+from sam2edge.bundle import finalize_bundle, load_card, verify_manifest, write_manifest
 from sam2edge.cards.render import render_bundle
 from sam2edge.cli.export import TARGETS
 from sam2edge.cli.main import main
-from sam2edge.export.bundle import finalize_bundle, load_card, verify_manifest, write_manifest
 from sam2edge.weights import save_checkpoint, synthetic_state_dict
 
 SHA_A = "a" * 64

@@ -349,7 +349,7 @@ def test_record_stores_the_check_in_a_bundle(toys, tmp_path, capsys):
     """`gpu-check DIR --record`: the result lands in fidelity.json and card.json; the manifest stays valid."""
     import shutil
 
-    from sam2edge.export.bundle import finalize_bundle, load_card, verify_manifest
+    from sam2edge.bundle import finalize_bundle, load_card, verify_manifest
 
     folder, _ = toys
     b = tmp_path / "bundle"

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch import nn
 
+from sam2edge.bundle import load_card
 from sam2edge.checks.fidelity import mask_iou, photo
 from sam2edge.checks.tflite_lint import BANNED, lint_file
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import load_card
 from sam2edge.model import Rewrites, build_sam2
 from sam2edge.runtime.litert_backend import CARD_CONST_FILE, LiteRTBackend, read_tables
 from sam2edge.runtime.predictor import Sam2Predictor

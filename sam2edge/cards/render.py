@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sam2edge.bundle import CARD, FIDELITY, MANIFEST, load_card, write_json, write_manifest
 from sam2edge.cards.chart import latency_chart
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import CARD, FIDELITY, MANIFEST, load_card, write_json, write_manifest
 from sam2edge.io import atomic_path
 
 README, CHART, RECORDS_DIR, SWEEP_DIR = "README.md", "latency.png", "records", "sweep"

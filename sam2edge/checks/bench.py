@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import inspect
 import os
 import platform
 import re
@@ -33,10 +32,10 @@ import numpy as np
 import torch
 
 import sam2edge
+from sam2edge.bundle import load_card, write_json
 from sam2edge.checks.fidelity import click_set, photo
 from sam2edge.checks.verify import bundle_config, model_prompt, open_backend, reference_weights
 from sam2edge.config import HIERA_TINY, Sam2Config
-from sam2edge.export.bundle import load_card, write_json
 from sam2edge.progress import Progress, stage
 from sam2edge.runtime.preprocess import preprocess
 
@@ -51,7 +50,6 @@ RUNTIME_PACKAGES: dict[str, str] = {
     UPSTREAM: "sam2",
 }
 # keyword a backend's ``from_bundle`` takes for its thread count (first one present is used)
-THREAD_KWARGS = ("threads", "num_threads")
 
 
 def package_version(name: str) -> str:
@@ -149,16 +147,11 @@ def _timed_load(make) -> tuple[object, float, float]:
 
 
 def open_bundle_subject(folder: str | Path, threads: int) -> Subject:
-    """Load a bundle's runtime (timed), passing ``threads`` if its ``from_bundle`` takes a thread count."""
+    """Load a bundle's runtime (timed) with ``threads`` (every backend: ``from_bundle(folder, *, threads)``)."""
     folder = Path(folder)
     card = load_card(folder)
     cfg = bundle_config(card)
-    from sam2edge.runtime.backends import BACKENDS
-
-    cls = BACKENDS.get(card["target"])
-    params = inspect.signature(cls.from_bundle).parameters if cls is not None else {}
-    kw = next(({k: threads} for k in THREAD_KWARGS if k in params), {})
-    runner, load_s, before = _timed_load(lambda: open_backend(folder, card, **kw))
+    runner, load_s, before = _timed_load(lambda: open_backend(folder, card, threads=threads))
     bundle = {
         "path": str(folder),
         "target": card["target"],
@@ -175,7 +168,7 @@ def open_bundle_subject(folder: str | Path, threads: int) -> Subject:
         cfg,
         bundle,
         card["precision"],
-        bool(kw),
+        True,  # every backend takes from_bundle(..., threads=)
         load_s=load_s,
     )
     s.rss_delta_mb = before  # finished by warm_up

@@ -95,7 +95,7 @@ def bundle_record(reports: list[FileReport]) -> dict:
 def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str) -> None:
     """Replace fidelity.json ``checks.gpu_delegate`` of an export bundle, mirror it in card.json, rewrite the
     manifest (``sam2edge gpu-check DIR --record``: re-check a bundle on another device or LiteRT version)."""
-    from sam2edge.export.bundle import record_fidelity
+    from sam2edge.bundle import record_fidelity
 
     entry = dict(bundle_record(reports), command=command)
     record_fidelity(Path(folder), ("checks", "gpu_delegate"), entry, "gpu-check --record")

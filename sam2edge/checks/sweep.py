@@ -323,7 +323,7 @@ def sweep_bundle(
     """
     from playwright.sync_api import sync_playwright
 
-    from sam2edge.export.bundle import sha256_bytes
+    from sam2edge.bundle import sha256_bytes
     from sam2edge.serve.assets import STATIC_DIR, litertjs_version, node_modules, vendor_mounts
     from sam2edge.serve.chromium import chromium_version, launch
     from sam2edge.serve.web import Mounts, WebServer

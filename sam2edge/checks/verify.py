@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sam2edge.bundle import load_card, record_fidelity
 from sam2edge.checks.fidelity import Prompt, click_set, compare, end_to_end, photo
 from sam2edge.config import CONFIGS, Sam2Config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import load_card, record_fidelity
 from sam2edge.progress import Progress, stage
-from sam2edge.runtime.backends import BACKENDS, Decoded, EagerBackend, Features
+from sam2edge.runtime.backends import Decoded, EagerBackend, Features, backend_for
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import preprocess
 
@@ -77,11 +77,8 @@ def reference_weights(card: dict, cfg: Sam2Config, checkpoint: str | None = None
 
 
 def open_backend(folder: Path, card: dict, **kwargs):
-    """The runtime of a bundle, looked up by card.json ``target`` in ``runtime.backends.BACKENDS``."""
-    target = card["target"]
-    if target not in BACKENDS:
-        raise UserError(f"bundle target {target!r} has no runtime here; known: {sorted(BACKENDS) or 'none'}")
-    return BACKENDS[target].from_bundle(Path(folder), **kwargs)
+    """The runtime of a bundle, looked up by card.json ``target`` in the target registry."""
+    return backend_for(card["target"]).from_bundle(Path(folder), **kwargs)
 
 
 class CachedEncoder:

@@ -17,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sam2edge.bundle import MANIFEST, verify_manifest, write_manifest
     from sam2edge.errors import UserError
-    from sam2edge.export.bundle import MANIFEST, verify_manifest, write_manifest
 
     folder = Path(args.bundle)
     if not folder.is_dir():

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sam2edge.bundle import CARD, finalize_bundle
 from sam2edge.checks.fidelity import click_set, compare, end_to_end, photo
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import CARD, finalize_bundle
 from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.wrappers import DECODER_OUTPUTS, ENCODER_OUTPUTS

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from sam2edge.bundle import CARD, finalize_bundle
 from sam2edge.checks.fidelity import click_set, compare, mask_iou, photo
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import CARD, finalize_bundle
 from sam2edge.export.executorch_graphs import XnnEncoderGraph
 from sam2edge.export.executorch_lower import lower
 from sam2edge.io import atomic_dir

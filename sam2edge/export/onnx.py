@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from sam2edge.bundle import finalize_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import finalize_bundle
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Progress, stage

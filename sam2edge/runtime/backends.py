@@ -4,20 +4,26 @@
   decode(features, coords 1xNx2 (X,Y) model-input px, labels 1xN, mask_input 1x1x4ex4e | None)
         -> Decoded(masks 1x3, iou 1x3, single_mask 1x1, single_iou 1x1, object_score 1x1)
 
-``BACKENDS`` maps a bundle's ``target`` (from its card.json) to the class that runs it; each
-export target registers its runtime here. The eager backend is the reference.
+``BACKENDS`` maps a bundle's ``target`` (from its card.json) to the class that runs it, read from the
+target registry (``sam2edge.targets``) and imported on first use. Every backend class opens a bundle with
+``from_bundle(folder, *, threads=None)`` (``threads=None``: the runtime's default). The eager backend is
+the reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from sam2edge.config import Sam2Config
+from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.targets import TARGETS, resolve
 
 
 @dataclass
@@ -39,6 +45,9 @@ class Decoded:
 class Backend(Protocol):
     name: str
     cfg: Sam2Config
+
+    @classmethod
+    def from_bundle(cls, folder: str | Path, *, threads: int | None = None) -> Backend: ...
 
     def encode(self, image: np.ndarray) -> Features: ...
 
@@ -83,10 +92,27 @@ class EagerBackend:
         return Decoded(m3.numpy(), i3.numpy(), m1.numpy(), i1.numpy(), obj.numpy())
 
 
-# target name (card.json "target") -> backend class with ``from_bundle(dir) -> Backend``
-BACKENDS: dict[str, type] = {}
+class _Backends(Mapping):
+    """target name (card.json "target") -> backend class, resolved from ``sam2edge.targets.TARGETS``."""
 
-# runtimes that register themselves in BACKENDS on import (one line each)
-import sam2edge.runtime.executorch_backend  # noqa: E402,F401
-import sam2edge.runtime.litert_backend  # noqa: E402,F401
-import sam2edge.runtime.onnx_backend  # noqa: E402,F401
+    def __getitem__(self, name: str) -> type:
+        t = TARGETS.get(name) if isinstance(name, str) else None
+        if t is None or t.backend is None:
+            raise KeyError(name)
+        return resolve(t.backend)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n, t in TARGETS.items() if t.backend is not None])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+BACKENDS: Mapping[str, type] = _Backends()
+
+
+def backend_for(target: object) -> type:
+    """The runtime class of a bundle's ``target``; a target with no runtime here is one line naming them."""
+    if not isinstance(target, str) or target not in BACKENDS:
+        raise UserError(f"bundle target {target!r} has no runtime here; known: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[target]

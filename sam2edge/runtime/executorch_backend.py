@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+from sam2edge.runtime.backends import Decoded, Features
 
 ENCODER_FILE, DECODER_FILE = "encoder.pte", "decoder.pte"
 MAX_POINTS = 16
@@ -86,12 +87,26 @@ class ExecuTorchBackend:
         self.decoder = load_method(folder / DECODER_FILE, hint)
 
     @classmethod
-    def from_bundle(cls, folder: str | Path) -> ExecuTorchBackend:
-        from sam2edge.export.bundle import load_card
-
-        card = load_card(Path(folder))
+    def from_bundle(cls, folder: str | Path, *, threads: int | None = None) -> ExecuTorchBackend:
+        """Open a bundle (card validated, artifacts' size + SHA-256 checked). ``threads``: accepted for the
+        common protocol; ExecuTorch's XNNPACK threadpool is sized by the runtime itself."""
+        card = open_bundle(folder, "executorch")
         cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
-        return cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)))
+        backend = cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)))
+        backend.check_shapes(folder)
+        return backend
+
+    def check_shapes(self, folder: str | Path) -> None:
+        """card.json's resolution must be the encoder program's input side (one line when they disagree)."""
+        try:
+            sizes = tuple(self.encoder.metadata.input_tensor_meta(0).sizes())
+        except (AttributeError, RuntimeError):  # older runtimes: no metadata to check against
+            return
+        if sizes[-1] != self.cfg.image_size:
+            raise UserError(
+                f"{folder}/card.json says resolution {self.cfg.image_size}, but {ENCODER_FILE} takes "
+                f"{sizes[-1]}x{sizes[-1]} images; re-run `sam2edge export --target executorch`"
+            )
 
     def encode(self, image: np.ndarray) -> Features:
         x = torch.from_numpy(check_image(image, self.cfg.image_size))
@@ -106,6 +121,3 @@ class ExecuTorchBackend:
         ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, mask, has]
         outs = self.decoder.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in ins])
         return Decoded(*(t.numpy().copy() for t in outs))
-
-
-BACKENDS["executorch"] = ExecuTorchBackend

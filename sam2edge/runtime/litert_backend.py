@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+from sam2edge.runtime.backends import Decoded, Features
 from sam2edge.runtime.prompts import encode_points, no_mask_dense
 
 ENCODER_FILE, DECODER_FILE, MASK_ENCODER_FILE = "encoder.tflite", "decoder.tflite", "mask_encoder.tflite"
@@ -108,23 +109,33 @@ class LiteRTBackend:
         self._mask = _interpreter(self.folder / MASK_ENCODER_FILE, threads)
 
     @classmethod
-    def from_bundle(cls, folder: str | Path, num_threads: int | None = None) -> LiteRTBackend:
-        from sam2edge.export.bundle import load_card, sha256_bytes
-
+    def from_bundle(cls, folder: str | Path, *, threads: int | None = None) -> LiteRTBackend:
+        """Open a bundle (card validated, artifacts' size + SHA-256 checked); ``threads`` None = min(4, CPUs)."""
         folder = Path(folder)
-        card = load_card(folder)
-        for art in card["artifacts"]:  # a truncated or edited file never reaches the runtime
-            path = folder / str(art["file"])
-            if not path.is_file():
-                raise UserError(f"bundle file {path} is missing; re-run `sam2edge export --target litert`")
-            if path.stat().st_size != art.get("bytes") or sha256_bytes(path) != art.get("sha256"):
-                raise UserError(f"bundle file {path} does not match card.json (size / sha256): corrupt; re-export it")
+        card = open_bundle(folder, "litert")  # a truncated or edited file never reaches the runtime
         try:
             cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
             k = int(card.get("extra", {}).get("num_tokens", DEFAULT_NUM_TOKENS))
         except (ValueError, TypeError) as e:
             raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
-        return cls(folder, cfg, k, num_threads)
+        backend = cls(folder, cfg, k, threads)
+        backend.check_shapes()
+        return backend
+
+    def check_shapes(self) -> None:
+        """card.json's resolution and token count must be the graphs' (one line naming both when not)."""
+        side = int(self._enc.get_input_details()["image"]["shape"][-1])
+        slots = int(self._dec.get_input_details()["sparse_prompt"]["shape"][1])
+        hint = "re-run `sam2edge export --target litert`"
+        if side != self.cfg.image_size:
+            raise UserError(
+                f"{self.folder}/card.json says resolution {self.cfg.image_size}, but {ENCODER_FILE} takes "
+                f"{side}x{side} images; {hint}"
+            )
+        if slots != self.num_tokens:
+            raise UserError(
+                f"{self.folder}/card.json says {self.num_tokens} prompt tokens, but {DECODER_FILE} has {slots}; {hint}"
+            )
 
     def encode(self, image: np.ndarray) -> Features:
         out = self._enc(image=np.ascontiguousarray(image, dtype=np.float32))
@@ -152,6 +163,3 @@ class LiteRTBackend:
             dense_prompt=np.ascontiguousarray(dense, dtype=np.float32),
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
-
-
-BACKENDS["litert"] = LiteRTBackend

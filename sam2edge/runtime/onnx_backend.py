@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.export.bundle import load_card, sha256_bytes
-from sam2edge.runtime.backends import BACKENDS, Decoded, Features
+from sam2edge.runtime.backends import Decoded, Features
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 ENCODER_INPUTS = ("image",)
@@ -141,30 +141,30 @@ class OnnxBackend:
 
     @classmethod
     def from_bundle(
-        cls, folder: str | Path, providers: list[str] | None = None, threads: int | None = None
+        cls, folder: str | Path, *, threads: int | None = None, providers: list[str] | None = None
     ) -> OnnxBackend:
-        """Open an ONNX bundle; files are checked against card.json's SHA-256 before loading."""
+        """Open an ONNX bundle (card validated, artifacts' size + SHA-256 checked before loading)."""
         folder = Path(folder)
-        card = load_card(folder)
+        card = open_bundle(folder, "onnx")
         by_role = {a.get("role"): a for a in card["artifacts"]}
         paths = []
         for role in ("encoder", "decoder"):
             art = by_role.get(role)
             if art is None:
                 raise UserError(f"{folder}/card.json lists no {role} artifact; re-export the bundle")
-            p = folder / art["file"]
-            if not p.is_file():
-                raise UserError(f"{p} is missing; re-export the bundle")
-            if sha256_bytes(p) != art["sha256"]:
-                raise UserError(
-                    f"{p} does not match its SHA-256 in card.json (corrupt or modified); re-export the bundle"
-                )
-            paths.append(p)
+            paths.append(folder / art["file"])
         try:
             cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
         except ValueError as e:
             raise UserError(f"{folder}/card.json: {e}") from None
-        return cls.from_files(paths[0], paths[1], cfg, providers, threads)
+        backend = cls.from_files(paths[0], paths[1], cfg, providers, threads)
+        side = backend.encoder.get_inputs()[0].shape[-1]
+        if side != cfg.image_size:
+            raise UserError(
+                f"{folder}/card.json says resolution {cfg.image_size}, but {paths[0].name} takes {side}x{side} "
+                "images; re-run `sam2edge export --target onnx`"
+            )
+        return backend
 
     def encode(self, image: np.ndarray) -> Features:
         """image 1x3xSxS float32, ImageNet-normalised -> decoder-ready features."""
@@ -193,6 +193,3 @@ class OnnxBackend:
         feed = dict(zip(DECODER_INPUTS, (feats.image_embed, feats.feat_s0, feats.feat_s1, coords, labels, mask, has)))
         feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()}
         return Decoded(*self.decoder.run(list(DECODER_OUTPUTS), feed))
-
-
-BACKENDS["onnx"] = OnnxBackend

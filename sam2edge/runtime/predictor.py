@@ -8,7 +8,6 @@ original-image pixels.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from sam2edge.bundle import load_card
 from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.errors import UserError
-from sam2edge.runtime.backends import BACKENDS, Backend, EagerBackend, Features
+from sam2edge.runtime.backends import Backend, EagerBackend, Features, backend_for
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
 
 MASK_THRESHOLD = 0.0
@@ -55,20 +55,8 @@ class Sam2Predictor:
     @classmethod
     def from_export(cls, bundle: str | Path) -> Sam2Predictor:
         """Predictor over an exported bundle (its card.json names the target runtime)."""
-        bundle = Path(bundle)
-        card = bundle / "card.json"
-        if not card.is_file():
-            raise PredictorError(
-                f"{bundle} is not an export bundle (no card.json); pass a folder written by `sam2edge export`"
-            )
-        try:
-            meta = json.loads(card.read_text())
-            target = meta["target"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise PredictorError(f"{card} is malformed (no 'target'); re-run `sam2edge export`") from None
-        if target not in BACKENDS:
-            raise PredictorError(f"bundle target {target!r} has no runtime here; known: {sorted(BACKENDS)}")
-        return cls(BACKENDS[target].from_bundle(bundle), meta)
+        meta = load_card(Path(bundle))  # validated: a malformed card is one line
+        return cls(backend_for(meta["target"]).from_bundle(Path(bundle)), meta)
 
     # ---- upstream API -------------------------------------------------------------------
     def reset_predictor(self) -> None:

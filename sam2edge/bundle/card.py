@@ -1,7 +1,11 @@
-"""Export bundles: a folder of artifacts + ``card.json`` (source of truth) + ``manifest.json``.
+"""The bundle format: a folder of artifacts + ``card.json`` (source of truth) + ``manifest.json``
+(+ ``fidelity.json``, schema in ``sam2edge.bundle.fidelity``).
 
-Every target writes its bundle through ``finalize_bundle`` so that cards, manifests and the
-predictor's ``from_export`` work the same for all runtimes. ``card.json`` fields:
+This layer sits below ``runtime`` and ``export``: every target writes its bundle through
+``finalize_bundle``, every backend opens one through ``open_bundle`` (card validated, each artifact's
+size and SHA-256 checked), and every later writer (``verify``, ``gpu-check --record``, ``card render``)
+goes through ``rewrite_metadata``, which verifies the manifest first and writes card.json,
+fidelity.json and manifest.json together only after everything succeeded. ``card.json`` fields:
 
   schema          1
   model_id        "sam2.1-hiera-tiny"
@@ -28,6 +32,7 @@ import datetime as _dt
 import hashlib
 import importlib.metadata
 import json
+import os
 from pathlib import Path
 
 from sam2edge.errors import UserError
@@ -64,6 +69,7 @@ FIELD_CHECKS = (
         "a list of {file, sha256 (64 hex), bytes}",
     ),
 )
+NOT_LISTED = ": not listed in the manifest"
 TOOL_PACKAGES = ("torch", "litert-torch", "ai-edge-litert", "executorch", "onnx", "onnxruntime", "numpy")
 
 
@@ -93,7 +99,7 @@ def record_fidelity(folder: Path, keys: tuple[str, ...], entry: dict, rerun: str
     """Store ``entry`` at ``keys`` (e.g. ("checks", "gpu_delegate")) in a bundle's fidelity.json (empty when
     absent; other entries kept), mirror the document into card.json ``fidelity`` and rewrite manifest.json.
     ``rerun`` names the command to run again after deleting a broken fidelity.json. Returns the document.
-    Used by ``verify`` and ``gpu-check --record``."""
+    Used by ``verify`` and ``gpu-check --record``; a modified bundle is refused before anything is written."""
     folder = Path(folder)
     card = load_card(folder)
     path = folder / FIDELITY
@@ -103,15 +109,65 @@ def record_fidelity(folder: Path, keys: tuple[str, ...], entry: dict, rerun: str
             fidelity = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise UserError(f"{path} is not valid JSON; delete it and run {rerun} again") from None
+        if not isinstance(fidelity, dict):
+            raise UserError(f"{path} must hold a JSON object; delete it and run {rerun} again")
     node = fidelity
     for key in keys[:-1]:
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise UserError(f"{path} field {key!r} must be an object; delete it and run {rerun} again")
     node[keys[-1]] = entry
-    write_json(path, fidelity)
     card["fidelity"] = fidelity
-    write_json(folder / CARD, card)
-    write_manifest(folder)
+    rewrite_metadata(folder, card, fidelity)
     return fidelity
+
+
+# files a writer regenerates from card.json / fidelity.json / records: never the reason to refuse a rewrite
+DERIVED = (CARD, FIDELITY, "README.md", "latency.png")
+
+
+def require_intact(folder: Path, action: str) -> None:
+    """Refuse to go on when a file listed in manifest.json (model files, tables, records) is missing or
+    modified, or an artifact does not match card.json: rewriting the manifest from modified bytes would
+    launder the change. Files the writers regenerate (``DERIVED``) and new unlisted files are allowed."""
+    folder = Path(folder)
+    problems = [p for p in verify_manifest(folder) if not p.endswith(NOT_LISTED) and p.split(":")[0] not in DERIVED]
+    if not problems:
+        try:
+            check_artifacts(folder, load_card(folder), "re-export the bundle")
+        except UserError as e:
+            problems = [str(e)]
+    if problems:
+        raise UserError(
+            f"{folder} does not match its manifest ({problems[0]}); not {action}: re-export the bundle "
+            "(or restore the file)"
+        )
+
+
+def rewrite_metadata(folder: Path, card: dict, fidelity: dict | None = None, *, checked: bool = False) -> dict:
+    """Rewrite card.json (+ fidelity.json) and manifest.json of an existing bundle, together.
+
+    The manifest is verified first (``require_intact``; ``checked=True`` when the caller already did it
+    before producing ``card``); every new file is written beside its destination and renamed in place only
+    after all of them were produced, so a failure leaves the bundle as it was. Returns the new manifest."""
+    folder = Path(folder)
+    if not checked:
+        require_intact(folder, "rewriting card.json / manifest.json")
+    docs = {CARD: card} if fidelity is None else {FIDELITY: fidelity, CARD: card}
+    staged = {}
+    try:
+        for name, doc in docs.items():
+            staged[name] = folder / f".{name}.new"
+            write_json(staged[name], doc)
+        files = _manifest_files(folder, overrides={n: p for n, p in staged.items()})
+        staged[MANIFEST] = folder / f".{MANIFEST}.new"
+        write_json(staged[MANIFEST], {"files": files})
+        for name, tmp in staged.items():
+            os.replace(tmp, folder / name)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return {"files": files}
 
 
 def finalize_bundle(
@@ -162,17 +218,55 @@ def finalize_bundle(
     return card
 
 
-def write_manifest(folder: Path) -> dict:
-    """manifest.json: every file under ``folder`` (but the manifest) with SHA-256 and size."""
-    folder = Path(folder)
+def _manifest_files(folder: Path, overrides: dict[str, Path] | None = None) -> dict[str, dict]:
+    """name -> {sha256, bytes} of every file under ``folder`` but the manifest (and staged ``.*.new`` files);
+    ``overrides`` maps a top-level name to the staged file that will replace it."""
+    overrides = overrides or {}
+    names = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    names.update(overrides)
     files = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            rel = p.relative_to(folder).as_posix()
-            files[rel] = {"sha256": sha256_bytes(p), "bytes": p.stat().st_size}
-    manifest = {"files": files}
+    for rel in sorted(names):
+        p = names[rel]
+        if rel == MANIFEST or (rel.startswith(".") and rel.endswith(".new")):
+            continue
+        files[rel] = {"sha256": sha256_bytes(p), "bytes": p.stat().st_size}
+    return files
+
+
+def write_manifest(folder: Path) -> dict:
+    """manifest.json: every file under ``folder`` (but the manifest) with SHA-256 and size (fresh bundles
+    only; an existing bundle is rewritten through ``rewrite_metadata``)."""
+    folder = Path(folder)
+    manifest = {"files": _manifest_files(folder)}
     write_json(folder / MANIFEST, manifest)
     return manifest
+
+
+def check_artifacts(folder: Path, card: dict, hint: str) -> None:
+    """Size and SHA-256 of every artifact card.json lists; a missing, truncated or modified file is a
+    one-line UserError naming it (``hint``: how to fix, e.g. "re-run `sam2edge export --target onnx`")."""
+    folder = Path(folder)
+    for art in card["artifacts"]:
+        path = folder / str(art["file"])
+        if not path.is_file():
+            raise UserError(f"bundle file {path} is missing; {hint}")
+        size = path.stat().st_size
+        if size != art.get("bytes"):
+            raise UserError(f"bundle file {path} has {size} bytes, card.json says {art.get('bytes')}: corrupt; {hint}")
+        if sha256_bytes(path) != art["sha256"]:
+            raise UserError(f"bundle file {path} does not match its SHA-256 in card.json (modified); {hint}")
+
+
+def open_bundle(folder: str | Path, target: str) -> dict:
+    """What every backend's ``from_bundle`` does first: read + validate card.json, check that it is a
+    ``target`` bundle, and check every artifact's size and SHA-256. Returns the card."""
+    folder = Path(folder)
+    card = load_card(folder)
+    hint = f"re-run `sam2edge export --target {target}`"
+    if card["target"] != target:
+        raise UserError(f"{folder} is a {card['target']!r} bundle, not {target!r}; open it with its own runtime")
+    check_artifacts(folder, card, hint)
+    return card
 
 
 def load_card(folder: Path) -> dict:
@@ -226,5 +320,5 @@ def verify_manifest(folder: Path) -> list[str]:
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
         if p.is_file() and p.name != MANIFEST and rel not in entries:
-            problems.append(f"{rel}: not listed in the manifest")
+            problems.append(f"{rel}{NOT_LISTED}")
     return problems
