@@ -14,8 +14,11 @@ run: setup
 test: setup
 	$(PY) -m ruff check sam2edge tests benchmarks
 	$(PY) -m ruff format --check sam2edge tests benchmarks
+	.venv/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
+# ruff, then the layering contract of pyproject.toml [tool.importlinter] (fails on an upward import or a cycle)
 lint: setup
 	$(PY) -m ruff check sam2edge tests benchmarks
 	$(PY) -m ruff format --check sam2edge tests benchmarks
+	.venv/bin/lint-imports --no-cache

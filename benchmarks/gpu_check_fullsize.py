@@ -35,8 +35,8 @@ class NaiveEncoder(nn.Module):
 
 
 def _report(path: Path, out_dir: Path) -> None:
-    from sam2edge.checks.gpu_check import check_file, environment
-    from sam2edge.checks.gpu_report import format_report
+    from sam2edge.checks.gpu.check import check_file, environment
+    from sam2edge.checks.gpu.report import format_report
 
     t = time.perf_counter()
     r = check_file(path)
@@ -60,8 +60,8 @@ def naive_encoder(out_dir: Path) -> None:
 
 
 def rank_decoder(rank: int, bundle: Path, out_dir: Path) -> None:
-    from sam2edge.config import get_config
     from sam2edge.bundle import load_card
+    from sam2edge.config import get_config
     from sam2edge.export.litert import convert_graph, graphs
     from sam2edge.model import Rewrites, build_sam2
     from sam2edge.runtime.litert_backend import CARD_CONST_FILE, DECODER_FILE, ENCODER_FILE, TABLE_FILES

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sam2edge.checks.upstream import UpstreamImagePath
+from sam2edge.checks.fidelity.upstream import UpstreamImagePath
 from sam2edge.config import Sam2Config
 
 
@@ -24,7 +24,7 @@ def perturb_(module: nn.Module, seed: int) -> nn.Module:
 
 
 def meta_image_path(cfg: Sam2Config, seed: int = 0) -> UpstreamImagePath:
-    """Upstream's image-path modules built from ``cfg`` (sam2edge.checks.upstream), perturbed."""
+    """Upstream's image-path modules built from ``cfg`` (sam2edge.checks.fidelity.upstream), perturbed."""
     torch.manual_seed(seed)
     return perturb_(UpstreamImagePath(cfg), seed + 1000)
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from sam2edge.checks.fidelity import mask_iou, photo, photo_path
-from sam2edge.checks.sweep import SweepConfig, sweep_bundle
 from sam2edge.config import TEST_SMALL
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
 from sam2edge.serve.assets import browser_decoder, litertjs_version, node_modules
 from sam2edge.serve.chromium import chromium_path, launch
+from sam2edge.serve.sweep import SweepConfig, sweep_bundle
 
 PHOTO = "chelsea.png"
 TIMEOUT_MS = 120_000

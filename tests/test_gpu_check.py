@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from sam2edge.checks import gpu_check
-from sam2edge.checks.gpu_check import check_file, parse_delegate_log, run_on, verdict_of
-from sam2edge.checks.gpu_feeds import Feeds
-from sam2edge.checks.gpu_report import format_report
-from sam2edge.checks.tflite_lint import lint_file
+from sam2edge.checks.gpu.check import check_file, parse_delegate_log, run_on, verdict_of
+from sam2edge.checks.gpu.feeds import Feeds
+from sam2edge.checks.gpu.report import format_report
+from sam2edge.checks.tflite.lint import lint_file
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.model import Rewrites, build_sam2
@@ -235,7 +235,7 @@ def test_attention_rank_on_swiftshader(rank_decoders):
 
 def test_texture_limit_is_device_limit_not_a_graph_verdict():
     """A resident graph whose textures exceed the software device's limit is reported as such."""
-    from sam2edge.checks.gpu_check import Residency, verdict_of
+    from sam2edge.checks.gpu.check import Residency, verdict_of
 
     err = "Texture size ([Extent3D width:16384, height:8]) exceeded maximum texture size ([Extent3D width:8192])"
     res = Residency(10, 10, 1, [], "SwiftShader", gpu_errors=[err])
@@ -266,7 +266,7 @@ def test_pieces_chain_to_the_whole_graph(rank_decoders, fp16_decoder, precision)
     DEQUANTIZE ops travel with their readers, so no piece hands a weight to the next."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from sam2edge.checks.tflite_slice import constant_ops, cut, load_model, signature_tensors
+    from sam2edge.checks.tflite.slice import constant_ops, cut, load_model, signature_tensors
 
     path = rank_decoders[4] if precision == "fp32" else fp16_decoder
     total = lint_file(path).nodes

@@ -17,7 +17,7 @@ from torch import nn
 
 from sam2edge.bundle import load_card
 from sam2edge.checks.fidelity import mask_iou, photo
-from sam2edge.checks.tflite_lint import BANNED, lint_file
+from sam2edge.checks.tflite.lint import BANNED, lint_file
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError

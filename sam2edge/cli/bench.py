@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sam2edge.checks.bench import format_table, run_bench, write_records
+    from sam2edge.checks.bench.bench import format_table, run_bench, write_records
     from sam2edge.errors import UserError
 
     bundles = list(args.bundles) + list(args.compare)

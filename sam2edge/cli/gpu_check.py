@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from sam2edge.checks.gpu_check import DEFAULT_CLICKS, DEFAULT_TIMEOUT_S, check_file, environment, vulkan_icd
-from sam2edge.checks.gpu_report import format_report, record_in_bundle, tflite_files
+from sam2edge.checks.gpu.check import DEFAULT_CLICKS, DEFAULT_TIMEOUT_S, check_file, environment, vulkan_icd
+from sam2edge.checks.gpu.report import format_report, record_in_bundle, tflite_files
 from sam2edge.errors import UserError
 from sam2edge.progress import stage
 

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sam2edge.checks.tflite_lint import format_report, lint_file
+    from sam2edge.checks.tflite.lint import format_report, lint_file
 
     reports = [lint_file(f) for f in args.files]  # every file is parsed before anything is printed
     if args.json:

@@ -11,7 +11,7 @@ from sam2edge.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sam2edge.checks.sweep import DEFAULT_TOLERANCE
+    from sam2edge.serve.sweep import DEFAULT_TOLERANCE
 
     p.add_argument("bundle", metavar="DIR", help="LiteRT bundle folder (from `sam2edge export --target litert`)")
     p.add_argument("--backends", default="wasm,webgpu", help="comma list of wasm, webgpu (default both)")
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sam2edge.checks.sweep import SweepConfig, sweep_bundle
+    from sam2edge.serve.sweep import SweepConfig, sweep_bundle
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     if not backends:

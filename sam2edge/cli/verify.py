@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from sam2edge.checks.verify import BARS, MIN_CLICKS
+from sam2edge.checks.fidelity.verify import BARS, MIN_CLICKS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def command_line(args: argparse.Namespace, bars: dict[str, float]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sam2edge.checks.verify import record_report, verify_bundle
+    from sam2edge.checks.fidelity.verify import record_report, verify_bundle
     from sam2edge.errors import UserError
 
     if args.clicks < MIN_CLICKS:

@@ -33,8 +33,8 @@ from torch import nn
 
 from sam2edge.bundle import CARD, finalize_bundle
 from sam2edge.checks.fidelity import click_set, compare, end_to_end, photo
-from sam2edge.checks.gpu_report import export_check as gpu_delegate_check
-from sam2edge.checks.tflite_lint import LintReport, lint_file
+from sam2edge.checks.gpu.report import export_check as gpu_delegate_check
+from sam2edge.checks.tflite.lint import LintReport, lint_file
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
 from sam2edge.export.wrappers import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sam2edge.checks.gpu_check import BARS, FileReport, check_file, environment
+from sam2edge.checks.gpu.check import BARS, FileReport, check_file, environment
 from sam2edge.errors import UserError
 
 

@@ -34,7 +34,7 @@ import torch
 import sam2edge
 from sam2edge.bundle import load_card, write_json
 from sam2edge.checks.fidelity import click_set, photo
-from sam2edge.checks.verify import bundle_config, model_prompt, open_backend, reference_weights
+from sam2edge.checks.fidelity.verify import bundle_config, model_prompt, open_backend, reference_weights
 from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.progress import Progress, stage
 from sam2edge.runtime.preprocess import preprocess
@@ -178,7 +178,7 @@ def open_bundle_subject(folder: str | Path, threads: int) -> Subject:
 def open_upstream_subject(cfg: Sam2Config, checkpoint: str | None, card: dict | None = None) -> Subject:
     """Upstream eager with the weights of ``checkpoint`` (or of ``card``'s recorded source); load timed
     from the in-memory state dict (module build + load_state_dict)."""
-    from sam2edge.checks.upstream import UpstreamRunner, upstream_from_state_dict
+    from sam2edge.checks.fidelity.upstream import UpstreamRunner, upstream_from_state_dict
     from sam2edge.weights import load_weights
 
     sd, _ = reference_weights(card, cfg, checkpoint) if card is not None else load_weights(checkpoint, cfg)

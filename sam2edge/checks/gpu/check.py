@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.checks.fidelity import compare, iou_summary, mask_iou
-from sam2edge.checks.gpu_feeds import Feeds, build_feeds
+from sam2edge.checks.gpu.feeds import Feeds, build_feeds
 from sam2edge.errors import UserError
 from sam2edge.progress import stage
 
@@ -58,7 +58,7 @@ INSTALL_HINT = (
 BARS = {"cosine_min": 0.9999, "mask_iou_worst_min": 0.99}
 DEFAULT_CLICKS = 20
 DEFAULT_TIMEOUT_S = 1800.0
-WORKER = Path(__file__).with_name("gpu_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 WORKER_THREADS = 2  # XNNPACK threads (CPU reference and the GPU run's CPU fallback)
 
 _ADAPTER = re.compile(r"Selected adapter: (?P<name>.+?), arch=(?P<arch>[^,]*),.*backend=(?P<backend>[^,]*)")
@@ -216,13 +216,13 @@ def _run_worker(
 
 
 def _ops_total(path: Path) -> int:
-    from sam2edge.checks.tflite_lint import lint_file
+    from sam2edge.checks.tflite.lint import lint_file
 
     return lint_file(path).nodes
 
 
 def _signature_inputs(path: Path) -> dict[str, list[int]]:
-    from sam2edge.checks.tflite_lint import lint_file
+    from sam2edge.checks.tflite.lint import lint_file
 
     sigs = lint_file(path).signatures
     if not sigs:
@@ -305,7 +305,7 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
 
     Returns (segments, outputs, mask IoU) or None when a single operator misses the deadline.
     """
-    from sam2edge.checks import tflite_slice
+    from sam2edge.checks.tflite import slice as tflite_slice
 
     graph = tflite_slice.load_model(path)  # parsed once; every piece is cut from it
     model_in, model_out = tflite_slice.signature_tensors(graph)

@@ -10,7 +10,7 @@ photo is encoded once per pipeline):
                     (mask IoU median / worst, candidate agreement, IoU-score difference)
 
 Per output: cosine, correlation, max-abs, max-rel over all samples stacked, and the worst
-per-sample cosine. Bars come from ``BARS`` (per precision, the export issues' bars) and can be
+per-sample cosine. Bars come from ``bars.BARS`` (per precision, the same table every export applies) and can be
 overridden; ``verify_bundle`` returns the report with ``passed`` and one line per failure.
 """
 
@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.bundle import load_card, record_fidelity
-from sam2edge.checks.fidelity import Prompt, click_set, compare, end_to_end, photo
+from sam2edge.checks.fidelity.bars import bars_for, check_bars
+from sam2edge.checks.fidelity.metrics import Prompt, click_set, compare, end_to_end
+from sam2edge.checks.photos import photo
 from sam2edge.config import CONFIGS, Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.progress import Progress, stage
@@ -32,12 +34,6 @@ from sam2edge.runtime.backends import Decoded, EagerBackend, Features, backend_f
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import preprocess
 
-# precision -> default bars (names as in the report): the export issues' acceptance bars
-BARS: dict[str, dict[str, float]] = {
-    "fp32": {"min_cosine": 0.99999},
-    "fp16": {"min_iou_worst": 0.99},
-    "int8": {"min_iou_worst": 0.95},
-}
 ENCODER_FIELDS = ("image_embed", "feat_s0", "feat_s1")
 DECODER_FIELDS = ("masks", "iou", "single_mask", "single_iou", "object_score")
 MIN_CLICKS = 40
@@ -123,20 +119,6 @@ def _stack_compare(tests: list[np.ndarray], refs: list[np.ndarray]) -> dict[str,
     return out
 
 
-def _check_bars(report: dict, bars: dict[str, float]) -> list[str]:
-    failures = []
-    if "min_cosine" in bars:
-        for name, m in report["outputs"].items():
-            if not m["cosine"] >= bars["min_cosine"]:
-                failures.append(f"{name}: cosine {m['cosine']:.7f} < {bars['min_cosine']}")
-    e2e = report["end_to_end"]
-    if "min_iou_worst" in bars and not e2e["iou_worst"] >= bars["min_iou_worst"]:
-        failures.append(f"end-to-end mask IoU worst {e2e['iou_worst']:.4f} < {bars['min_iou_worst']}")
-    if "min_iou_median" in bars and not e2e["iou_median"] >= bars["min_iou_median"]:
-        failures.append(f"end-to-end mask IoU median {e2e['iou_median']:.4f} < {bars['min_iou_median']}")
-    return failures
-
-
 def verify_bundle(
     folder: str | Path,
     *,
@@ -193,8 +175,7 @@ def verify_bundle(
     e2e = end_to_end(
         Sam2Predictor(ref, prov), Sam2Predictor(test, card), prompts, lambda i, n: e2e_bar.step(note=f"{i}/{n}")
     )
-    active = dict(BARS.get(card["precision"], {}))
-    active.update(bars or {})
+    active = bars_for(card["precision"], bars)
     report = {
         "provenance": "measured",
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
@@ -207,7 +188,7 @@ def verify_bundle(
         "end_to_end": e2e,
         "bars": active,
     }
-    report["failures"] = _check_bars(report, active)
+    report["failures"] = check_bars(outputs, e2e, active)
     report["passed"] = not report["failures"]
     return report
 

@@ -1,6 +1,6 @@
 """Numeric fidelity: array comparisons and end-to-end mask IoU over clicks on real photos.
 
-Photos come from scikit-image's wheel (no download). ``click_set`` is deterministic: single
+Photos come from scikit-image's wheel (no download; ``sam2edge.checks.photos``). ``click_set`` is deterministic: single
 positive clicks, positive+negative pairs, boxes, and box+point prompts, spread over five photos.
 Masks are compared at the candidate the reference pipeline would show (its argmax IoU), so a
 near-tie in predicted IoU cannot flip the comparison; how often both pipelines pick the same
@@ -11,23 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png")
-
-
-def photo_path(name: str) -> Path:
-    import skimage
-
-    return Path(skimage.__file__).parent / "data" / name
-
-
-def photo(name: str) -> np.ndarray:
-    from sam2edge.runtime.preprocess import load_image
-
-    return load_image(photo_path(name))
+from sam2edge.checks.photos import PHOTOS, photo
 
 
 @dataclass
@@ -66,7 +53,8 @@ def click_set(n: int = 40, seed: int = 0, photos: tuple[str, ...] = PHOTOS) -> l
 
 
 def compare(test: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    """cosine, Pearson correlation, max-abs and max-abs relative to max|ref|."""
+    """cosine, Pearson correlation, max-abs and max-abs relative to max|ref|, and how many ``test`` values
+    are NaN / inf (``nonfinite``: any makes every bar fail)."""
     a, b = np.asarray(test, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     diff = np.abs(a - b).max() if a.size else 0.0
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
@@ -79,6 +67,7 @@ def compare(test: np.ndarray, ref: np.ndarray) -> dict[str, float]:
         "correlation": corr,
         "max_abs": float(diff),
         "max_rel": float(diff / scale) if scale else float(diff),
+        "nonfinite": int(a.size - np.isfinite(a).sum()),
     }
 
 
@@ -90,7 +79,7 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
 
 def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], None] | None = None) -> dict:
     """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo."""
-    ious, agree, score_diff, current = [], 0, 0.0, None
+    ious, agree, score_diff, nonfinite, current = [], 0, 0.0, 0, None
     for i, p in enumerate(prompts):
         if p.photo != current:
             img = photo(p.photo)
@@ -99,14 +88,15 @@ def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], 
             current = p.photo
         kw = dict(point_coords=p.point_coords, point_labels=p.point_labels, box=p.box, multimask_output=p.multimask)
         rm, rs, _ = ref.predict(**kw)
-        tm, ts, _ = test.predict(**kw)
+        tm, ts, tl = test.predict(**kw)
+        nonfinite += int(not (np.isfinite(ts).all() and np.isfinite(tl).all()))
         k = int(np.argmax(rs))
         agree += int(np.argmax(ts) == k)
         ious.append(mask_iou(tm[k], rm[k]))
         score_diff = max(score_diff, float(np.abs(ts - rs).max()))
         if progress:
             progress(i + 1, len(prompts))
-    return {**iou_summary(ious, prompts, agree), "iou_score_max_abs_diff": score_diff}
+    return {**iou_summary(ious, prompts, agree), "iou_score_max_abs_diff": score_diff, "nonfinite": nonfinite}
 
 
 def iou_summary(ious: list[float], prompts: list, agree: int) -> dict:
