@@ -1,33 +1,56 @@
-"""A minimal progress display on stderr: a redrawn bar on a terminal, a line per step otherwise."""
+"""Progress on stderr from tqdm: bars with count, rate and ETA (a plain line per update when not a terminal).
+
+``Progress(label, total)`` is a bar stepped once per unit of work; ``Stages(label, names)`` is a bar over the
+named stages of a long job (export, gpu-check, sweep), each stage's name shown while it runs; ``stage(msg)``
+prints one line above any running bar.
+"""
 
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm.auto import tqdm
+
+
+def _bar(label: str, total: int, unit: str) -> tqdm:
+    return tqdm(total=max(total, 1), desc=label, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=True)
 
 
 class Progress:
-    def __init__(self, label: str, total: int, stream=None) -> None:
-        self.label, self.total, self.done = label, max(total, 1), 0
-        self.stream = stream or sys.stderr
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
-        self.t0 = time.perf_counter()
-        self._last_pct = -1
+    """A bar of ``total`` steps: count, rate and ETA, closed when the last step is done."""
+
+    def __init__(self, label: str, total: int, unit: str = "step") -> None:
+        self.bar = _bar(label, total, unit)
 
     def step(self, n: int = 1, note: str = "") -> None:
-        self.done = min(self.done + n, self.total)
-        pct = int(100 * self.done / self.total)
-        elapsed = time.perf_counter() - self.t0
-        if self.tty:
-            bar = "#" * (pct // 5) + "." * (20 - pct // 5)
-            end = "\n" if self.done == self.total else ""
-            self.stream.write(f"\r{self.label} [{bar}] {pct:3d}% {elapsed:6.1f}s {note[:40]:<40}{end}")
-        elif pct // 10 != self._last_pct // 10 or self.done == self.total:
-            self.stream.write(f"{self.label}: {self.done}/{self.total} ({pct}%) {elapsed:.1f}s {note}\n")
-        self._last_pct = pct
-        self.stream.flush()
+        if note:
+            self.bar.set_postfix_str(note[:40], refresh=False)
+        self.bar.update(n)
+        if self.bar.n >= self.bar.total:
+            self.bar.close()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class Stages:
+    """A bar over the named stages of a job; ``next(name)`` starts a stage (and finishes the previous)."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.bar, self.started = _bar(label, total, "stage"), 0
+
+    def next(self, name: str) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.started += 1
+        self.bar.set_postfix_str(name[:60])
+
+    def close(self) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.bar.close()
 
 
 def stage(msg: str) -> None:
-    """One line announcing a long step."""
-    print(f"-> {msg}", file=sys.stderr, flush=True)
+    """One line announcing a long step (written above any running bar)."""
+    tqdm.write(f"-> {msg}", file=sys.stderr)

@@ -16,7 +16,7 @@ from pathlib import Path
 from sam2edge.checks.gpu.check import DEFAULT_CLICKS, DEFAULT_TIMEOUT_S, check_file, environment, vulkan_icd
 from sam2edge.checks.gpu.report import format_report, record_in_bundle, tflite_files
 from sam2edge.errors import UserError
-from sam2edge.progress import stage
+from sam2edge.progress import Progress
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,9 +35,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--record needs an export bundle folder (with card.json); {args.target} is not one")
     vulkan_icd()  # fail early, with the install hint, before any work
     reports = []
-    for i, f in enumerate(files):
-        stage(f"GPU check {i + 1}/{len(files)}: {f.name} (software Vulkan; GPU and CPU runs)")
+    bar = Progress("GPU check (software Vulkan; GPU and CPU runs)", len(files), unit="file")
+    for f in files:
+        bar.bar.set_postfix_str(f.name)
         reports.append(check_file(f, clicks=args.clicks, timeout=args.timeout))
+        bar.step()
     device = next((r.residency.device for r in reports if r.residency.device), "")
     env = environment(device)
     if args.json:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from sam2edge.errors import UserError
+from sam2edge.progress import stage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         tolerance=args.tolerance,
     )
-    paths = sweep_bundle(args.bundle, cfg, progress=lambda m: print(f"-> {m}", file=sys.stderr, flush=True))
+    paths = sweep_bundle(args.bundle, cfg, progress=stage)
     print(f"{'model':<22} {'backend':<15} {'status':<16} {'full deleg.':<11} {'max rel diff':<13} p50 ms")
     for p in paths:
         rec = json.loads(p.read_text())
