@@ -21,6 +21,7 @@ from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.runtime.backends import Backend, EagerBackend, Features, backend_for
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
+from sam2edge.runtime.prompts import prompt_layout
 
 MASK_THRESHOLD = 0.0
 
@@ -112,34 +113,15 @@ class Sam2Predictor:
         h, w = self._orig_hw
         size = np.float32(self.cfg.image_size)
         wh = np.array([w, h], np.float32) if normalize_coords else np.ones(2, np.float32)
-
-        def to_model(xy: np.ndarray) -> np.ndarray:  # as upstream: (x / w) * S, in float32
-            return (xy / wh) * size
-
-        coords, labels = [], []
-        if box is not None:
-            b = np.asarray(box, np.float32)
-            if b.size != 4:
-                raise PredictorError(f"box must have 4 numbers X0,Y0,X1,Y1, got shape {b.shape}")
-            coords.append(to_model(b.reshape(2, 2)))
-            labels.append(np.array([2, 3], np.float32))
+        if box is not None and np.asarray(box).size != 4:
+            raise PredictorError(f"box must have 4 numbers X0,Y0,X1,Y1, got shape {np.asarray(box).shape}")
         if point_coords is not None:
             if point_labels is None:
                 raise PredictorError("point_labels must be supplied if point_coords is supplied")
-            p = np.asarray(point_coords, np.float32).reshape(-1, 2)
-            lab = np.asarray(point_labels, np.float32).reshape(-1)
-            if len(p) != len(lab):
-                raise PredictorError(f"{len(p)} points but {len(lab)} labels; give one label per point")
-            coords.append(to_model(p))
-            labels.append(lab)
-            coords.append(np.zeros((1, 2), np.float32))
-            labels.append(np.array([-1], np.float32))
-        elif box is not None:
-            coords.append(np.zeros((1, 2), np.float32))
-            labels.append(np.array([-1], np.float32))
-        if not coords:
-            return np.zeros((1, 0, 2), np.float32), np.zeros((1, 0), np.float32)
-        return np.concatenate(coords)[None], np.concatenate(labels)[None]
+            n_pts, n_lab = np.asarray(point_coords).size // 2, np.asarray(point_labels).size
+            if n_pts != n_lab:
+                raise PredictorError(f"{n_pts} points but {n_lab} labels; give one label per point")
+        return prompt_layout(box, point_coords, point_labels, wh, size)
 
     def _mask_input(self, mask_input) -> np.ndarray | None:
         if mask_input is None:

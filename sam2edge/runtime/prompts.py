@@ -61,3 +61,33 @@ def no_mask_dense(tables: dict[str, np.ndarray], embed_size: int) -> np.ndarray:
     """The dense prompt for 'no mask input': 1xCxexe."""
     c = tables["no_mask"].shape[0]
     return np.broadcast_to(tables["no_mask"].reshape(1, c, 1, 1), (1, c, embed_size, embed_size)).astype(np.float32)
+
+
+def prompt_layout(
+    box: np.ndarray | None,
+    points: np.ndarray | None,
+    labels: np.ndarray | None,
+    wh: np.ndarray,
+    size: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """THE prompt layout of every backend, exporter and check (upstream's): box corners (labels 2, 3), then
+    points (1 object, 0 background), then ONE pad point (label -1 at 0, 0).
+
+    box (4,) X0,Y0,X1,Y1 and points Nx2 (X, Y) in original pixels, labels N; ``wh`` = (W, H) of the
+    original image (ones when already normalised); ``size`` = model input side S. Coordinates go to model
+    input pixels as upstream does, in float32: (xy / wh) * S. -> coords 1xMx2 float32, labels 1xM float32
+    (M = 0 when there is neither box nor point).
+    """
+    wh, size = np.asarray(wh, np.float32), np.float32(size)
+    coords, labs = [], []
+    if box is not None:
+        coords.append((np.asarray(box, np.float32).reshape(2, 2) / wh) * size)
+        labs.append(np.array([2, 3], np.float32))
+    if points is not None:
+        coords.append((np.asarray(points, np.float32).reshape(-1, 2) / wh) * size)
+        labs.append(np.asarray(labels, np.float32).reshape(-1))
+    if not coords:
+        return np.zeros((1, 0, 2), np.float32), np.zeros((1, 0), np.float32)
+    coords.append(np.zeros((1, 2), np.float32))
+    labs.append(np.array([-1], np.float32))
+    return np.concatenate(coords)[None], np.concatenate(labs)[None]
