@@ -74,9 +74,9 @@ def test_bundle_files_checker_and_card(bundle):
     card = json.loads((bundle / "card.json").read_text())
     assert card["target"] == "onnx" and card["status"] == "shippable" and card["precision"] == "fp32"
     fid = card["fidelity"]
-    assert all(v["cosine"] >= 0.99999 for v in fid["per_output"].values())
+    assert all(v["cosine"] >= 0.99999 for v in fid["outputs"].values())
     assert fid["end_to_end"]["iou_worst"] >= 0.99
-    opt = fid["optimization"]
+    opt = fid["checks"]["optimization"]
     assert all(v["cosine"] >= 0.9999999 for v in opt["optimized_vs_unoptimized"].values())
     assert all(g["nodes_after"] < g["nodes_before"] for g in opt["graphs"].values())
     for name, ins, outs in (

@@ -252,9 +252,12 @@ def check_artifacts(folder: Path, card: dict, hint: str) -> None:
             raise UserError(f"bundle file {path} is missing; {hint}")
         size = path.stat().st_size
         if size != art.get("bytes"):
-            raise UserError(f"bundle file {path} has {size} bytes, card.json says {art.get('bytes')}: corrupt; {hint}")
+            raise UserError(
+                f"bundle file {path} does not match its size / SHA-256 in card.json ({size} bytes, card.json says "
+                f"{art.get('bytes')}): corrupt or modified; {hint}"
+            )
         if sha256_bytes(path) != art["sha256"]:
-            raise UserError(f"bundle file {path} does not match its SHA-256 in card.json (modified); {hint}")
+            raise UserError(f"bundle file {path} does not match its SHA-256 in card.json: corrupt or modified; {hint}")
 
 
 def open_bundle(folder: str | Path, target: str) -> dict:

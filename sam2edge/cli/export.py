@@ -1,51 +1,30 @@
 """``sam2edge export --target T --precision P [--resolution R] [--checkpoint C] --out DIR``.
 
-Dispatch goes through ``TARGETS``: target name -> callable ``fn(args) -> int`` that builds, converts,
-verifies and writes the bundle into ``args.out``. Every target reads the same arguments:
+Targets come from the registry ``sam2edge.targets.TARGETS`` (a new runtime is one converter module and one
+line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_export``:
 
-  args.target        registry key (also card.json "target")
-  args.precision     "fp32" | "fp16" | "int8" (a target that lacks one raises UserError)
-  args.resolution    model input side in pixels (multiple of 32) or None for the config's own
-  args.config        name in sam2edge.config.CONFIGS ("sam2.1-hiera-tiny"; "test-small" for tests)
-  args.checkpoint    weights spec for ``load_weights`` (None = synthetic)
-  args.out           bundle folder (written atomically)
-  args.allow_dirty   write an artifact that fails the target's graph lint (card status says so)
-  args.force         write a bundle that fails an accuracy bar (card status "rejected")
-  args.command_line  the command line, for card.json
-
-A target module is imported only when chosen (``_lazy``), so adding one is a single line here.
+  --target        registry key (also card.json "target")
+  --precision     "fp32" | "fp16" | "int8" (a target that lacks one: one-line error naming what it offers)
+  --resolution    model input side in pixels (multiple of 32) or the config's own
+  --config        name in sam2edge.config.CONFIGS ("sam2.1-hiera-tiny"; "test-small" for tests)
+  --checkpoint    weights spec for ``load_weights`` (default: synthetic, with a warning)
+  --out           bundle folder (new, empty, or an earlier bundle; written atomically)
+  --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
+  --force         write a bundle that fails an accuracy bar (card status "rejected")
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
+from sam2edge.targets import TARGETS, get_target, resolve
 
 PRECISIONS = ("fp32", "fp16", "int8")
-
-
-def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
-    """A callable that imports ``module`` on first use and calls ``module.func(args)``."""
-
-    def call(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(module), func)(args)
-
-    call.__name__ = f"{module}.{func}"
-    return call
-
-
-# target name -> fn(args) -> int; add a runtime with one line
-TARGETS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "litert": _lazy("sam2edge.export.litert", "export_from_args"),
-    "onnx": _lazy("sam2edge.export.onnx", "export_from_args"),
-    "executorch": _lazy("sam2edge.export.executorch", "export_from_args"),
-    "executorch-webgpu": _lazy("sam2edge.export.executorch_webgpu", "export_from_args"),
-}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="model config")
     p.add_argument("--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic)")
     p.add_argument("--out", required=True, help="bundle folder to write")
-    p.add_argument("--allow-dirty", action="store_true", help="write a graph that fails the GPU lint (status says so)")
+    p.add_argument(
+        "--allow-dirty", action="store_true", help="write a graph that fails the graph lint (status says so)"
+    )
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
 
 
@@ -72,9 +53,24 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.target not in TARGETS:
-        raise UserError(f"unknown export target {args.target!r}; choose one of {', '.join(sorted(TARGETS))}")
+    target = get_target(args.target)
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
-    args.command_line = command_line(args)
-    return int(TARGETS[args.target](args) or 0)
+    from sam2edge.export.pipeline import guard_out, run_export
+
+    guard_out(args.out, (args.checkpoint,))  # before any import of a converter or weights
+    if not args.checkpoint:
+        print("WARNING: no --checkpoint given; exporting the deterministic SYNTHETIC checkpoint", file=sys.stderr)
+    card = run_export(
+        args.target,
+        args.config,
+        args.precision,
+        args.out,
+        resolution=args.resolution,
+        checkpoint=args.checkpoint,
+        allow_dirty=args.allow_dirty,
+        force=args.force,
+        command=command_line(args),
+    )
+    print(resolve(target.converter).summary(card, Path(args.out)))
+    return 0

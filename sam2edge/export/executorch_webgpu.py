@@ -26,25 +26,22 @@ image_pe fed that way cost the twin 0.013 of mask IoU).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from sam2edge.bundle import CARD, finalize_bundle
 from sam2edge.checks.fidelity import click_set, compare, mask_iou, photo
-from sam2edge.config import Sam2Config, get_config
+from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.export.executorch_graphs import XnnEncoderGraph
 from sam2edge.export.executorch_lower import lower
-from sam2edge.io import atomic_dir
-from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.progress import stage
+from sam2edge.export.pipeline import TargetSpec, run_export
+from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime.backends import EagerBackend, Features
 from sam2edge.runtime.preprocess import preprocess
-from sam2edge.runtime.prompts import encode_points, prompt_tables
+from sam2edge.runtime.prompts import encode_points, prompt_layout, prompt_tables
 
 RESOLUTION = 512
 SLOTS = 3
@@ -122,23 +119,12 @@ def sample_inputs(cfg: Sam2Config) -> tuple[tuple, tuple]:
     return enc, dec
 
 
-def lower_both(graphs: dict, partitioner_factory, legalize: bool) -> dict:
-    """name -> (ExecutorchProgramManager, Census) with one partitioner kind (XNNPACK legalization or not)."""
-    return {
-        name: lower(module.eval(), args, [partitioner_factory()], legalize=legalize)
-        for name, (module, args) in graphs.items()
-    }
-
-
 def _model_prompt(p, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """A click_set prompt (point or box, original pixels) -> upstream's layout on the 512 grid, pad included."""
-    h, w = hw
-    scale = np.array([RESOLUTION / w, RESOLUTION / h], np.float32)
-    if p.kind == "point":
-        xy, labels = p.point_coords.reshape(-1, 2) * scale, [1.0, -1.0]
-    else:
-        xy, labels = p.box.reshape(2, 2) * scale, [2.0, 3.0, -1.0]
-    return np.concatenate([xy, np.zeros((1, 2), np.float32)]).astype(np.float32), np.array(labels, np.float32)
+    """A click_set prompt (point or box, original pixels) in the one prompt layout on the 512 grid (N x 2, N)."""
+    box = p.box if p.kind == "box" else None
+    points, labels = (p.point_coords, p.point_labels) if p.kind == "point" else (None, None)
+    coords, labs = prompt_layout(box, points, labels, np.array([hw[1], hw[0]], np.float32), RESOLUTION)
+    return coords[0], labs[0]
 
 
 def verify_on_cpu(programs: dict, model: Sam2ImageModel, ref: EagerBackend, folder: Path) -> dict:
@@ -181,6 +167,74 @@ def verify_on_cpu(programs: dict, model: Sam2ImageModel, ref: EagerBackend, fold
     return {"prompts": rows, "mask_iou_worst": min(r["mask_iou_min_over_3"] for r in rows), **worst}
 
 
+def _config(cfg: Sam2Config, resolution: int | None) -> Sam2Config:
+    if resolution not in (None, RESOLUTION):
+        raise UserError(f"the WebGPU contract is {RESOLUTION}x{RESOLUTION} (card 004); drop --resolution or pass 512")
+    return cfg.at_resolution(RESOLUTION)
+
+
+def _graphs(job) -> dict:
+    enc_args, dec_args = sample_inputs(job.cfg)
+    return {
+        ENCODER_FILE: ("encoder", WebGpuEncoderGraph(job.model), enc_args),
+        DECODER_FILE: ("decoder", WebGpuDecoderGraph(job.model), dec_args),
+    }
+
+
+def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
+    """Lower with the WebGPU partitioner (written) and, for the proof on CPU, to XNNPACK (kept in state)."""
+    from executorch.backends.webgpu.partitioner import WebGPUPartitioner
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    prog, census = lower(module, args, [WebGPUPartitioner()], legalize=False)
+    (job.folder / file).write_bytes(prog.buffer)
+    job.state.setdefault("delegation", {})[file] = census.as_dict()
+    twin, twin_census = lower(module, args, [XnnpackPartitioner()], legalize=True)
+    job.state.setdefault("twins", {})[file] = (twin, twin_census)
+
+
+def measure_twin(job, ref: EagerBackend) -> dict:
+    """fidelity.json (the one schema) from the XNNPACK twins vs upstream's operations at 512: outputs =
+    worst cosines, end_to_end = mask IoU over the point / box prompts; bar: mask IoU worst 1.0."""
+    v = verify_on_cpu(job.state["twins"], job.model, ref, job.folder)
+    ious = [r["mask_iou_min_over_3"] for r in v["prompts"]]
+    failures = (
+        []
+        if v["mask_iou_worst"] >= 1.0
+        else [f"CPU twin mask IoU worst {v['mask_iou_worst']:.4f} < 1.000 vs upstream at {RESOLUTION}"]
+    )
+    return {
+        "reference": "sam2edge eager fp32 with upstream's operations at 512 (Rewrites=UPSTREAM)",
+        "method": "the exported graphs lowered to XNNPACK/portable (this runtime cannot run WebGPU programs)",
+        "outputs": {
+            "encoder.image_embeddings": {"cosine": v["image_embeddings_cosine"]},
+            "decoder.masks": {"cosine": v["masks_cosine"]},
+            "decoder.iou_scores": {"cosine": 1.0, "max_abs": v["iou_scores_max_abs"]},
+        },
+        "end_to_end": {
+            "clicks": len(ious),
+            "photos": sorted({r["photo"] for r in v["prompts"]}),
+            "iou_median": float(np.median(ious)),
+            "iou_worst": float(min(ious)),
+        },
+        "cpu_twin": v,
+        "bars": {"mask_iou_worst_min": 1.0},
+        "failures": failures,
+        "passed": not failures,
+    }
+
+
+def _extra(job) -> dict:
+    return {
+        "delegation": job.state["delegation"],
+        "cpu_twin_delegation": {n: c.as_dict() for n, (_, c) in job.state["twins"].items()},
+        "partitioner": "executorch.backends.webgpu.WebGPUPartitioner",
+        "slots": SLOTS,
+        "prompt_layout": "click [point, pad, pad]; box [top-left, bottom-right, pad]; pad = not_a_point alone",
+        "executable_here": False,
+    }
+
+
 def export_webgpu(
     cfg: Sam2Config,
     config_name: str,
@@ -190,83 +244,31 @@ def export_webgpu(
     force: bool = False,
     command: str = "",
 ) -> dict:
-    """Lower card 004's programs with the WebGPU partitioner, verify their XNNPACK twins, write the bundle."""
-    from executorch.backends.webgpu.partitioner import WebGPUPartitioner
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    from sam2edge.weights import load_weights
-
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / CARD).is_file())):
-        raise UserError(f"{out} exists and is not an export bundle; choose an empty or new --out folder")
-    sd, prov = load_weights(checkpoint, cfg)
-    model = build_sam2(cfg, Rewrites())
-    model.load_state_dict(sd)
-    enc_args, dec_args = sample_inputs(cfg)
-    graphs = {ENCODER_FILE: (WebGpuEncoderGraph(model), enc_args), DECODER_FILE: (WebGpuDecoderGraph(model), dec_args)}
-    with atomic_dir(out) as tmp:
-        stage(f"lower {ENCODER_FILE} and {DECODER_FILE} ({RESOLUTION}px) with the WebGPU partitioner")
-        webgpu = lower_both(graphs, WebGPUPartitioner, legalize=False)
-        for name, (prog, _) in webgpu.items():
-            (tmp / name).write_bytes(prog.buffer)
-        files = {ENCODER_FILE: "encoder", DECODER_FILE: "decoder", **write_tables(model, tmp)}
-        stage("lower the same graphs to XNNPACK/portable and run them against upstream's operations")
-        cpu = lower_both(graphs, XnnpackPartitioner, legalize=True)
-        ref = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
-        verification = verify_on_cpu(cpu, model, ref, tmp)
-        failures = (
-            []
-            if verification["mask_iou_worst"] >= 1.0
-            else [f"CPU twin mask IoU worst {verification['mask_iou_worst']:.4f} < 1.000 vs upstream at {RESOLUTION}"]
-        )
-        fidelity = {
-            "reference": "sam2edge eager fp32 with upstream's operations at 512 (Rewrites=UPSTREAM)",
-            "method": "the exported graphs lowered to XNNPACK/portable (this runtime cannot run WebGPU programs)",
-            "cpu_twin": verification,
-            "bars": {"mask_iou_worst_min": 1.0},
-            "passed": not failures,
-            "failures": failures,
-        }
-        if failures and not force:
-            raise UserError(f"export refused: {failures[0]}; pass --force to write it marked 'rejected'")
-        extra = {
-            "delegation": {n: c.as_dict() for n, (_, c) in webgpu.items()},
-            "cpu_twin_delegation": {n: c.as_dict() for n, (_, c) in cpu.items()},
-            "partitioner": "executorch.backends.webgpu.WebGPUPartitioner",
-            "slots": SLOTS,
-            "prompt_layout": "click [point, pad, pad]; box [top-left, bottom-right, pad]; pad = not_a_point alone",
-            "executable_here": False,
-        }
-        card = finalize_bundle(
-            tmp,
-            target="executorch-webgpu",
-            precision="fp32",
-            resolution=RESOLUTION,
-            config=config_name,
-            source=prov,
-            command=command,
-            artifacts=files,
-            fidelity=fidelity,
-            status="shippable" if not failures else "rejected",
-            extra=extra,
-        )
-    return card
-
-
-def export_from_args(args: argparse.Namespace) -> int:
-    """``sam2edge export --target executorch-webgpu`` (fp32, 512x512 only: card 004's contract)."""
-    if args.precision != "fp32":
-        raise UserError(f"the WebGPU contract is fp32 (card 004); --precision {args.precision} is not offered")
-    if args.resolution not in (None, RESOLUTION):
-        raise UserError(f"the WebGPU contract is {RESOLUTION}x{RESOLUTION} (card 004); drop --resolution or pass 512")
-    cfg = get_config(args.config).at_resolution(RESOLUTION)
-    card = export_webgpu(
-        cfg, args.config, args.checkpoint, args.out, force=args.force, command=getattr(args, "command_line", "")
+    """``run_export`` for the card-004 WebGPU programs (fp32, 512x512); returns the card."""
+    return run_export(
+        "executorch-webgpu", config_name, "fp32", out, checkpoint=checkpoint, force=force, command=command
     )
+
+
+def summary(card: dict, out: Path) -> str:
     d, v = card["extra"]["delegation"], card["fidelity"]["cpu_twin"]
-    print(f"bundle: {Path(args.out).resolve()} (WebGPU, {RESOLUTION}px, status {card['status']})")
+    lines = [f"bundle: {Path(out).resolve()} (WebGPU, {RESOLUTION}px, status {card['status']})"]
     for name, c in d.items():
-        print(f"  {name:<18} {c['delegated_ops']}/{c['total_ops']} ops in {c['delegates']} WebGPU partition(s)")
+        lines.append(f"  {name:<18} {c['delegated_ops']}/{c['total_ops']} ops in {c['delegates']} WebGPU partition(s)")
     n = len(v["prompts"])
-    print(f"  CPU twin vs upstream: mask IoU worst {v['mask_iou_worst']:.4f} over {n} click/box prompts")
-    return 0
+    lines.append(f"  CPU twin vs upstream: mask IoU worst {v['mask_iou_worst']:.4f} over {n} click/box prompts")
+    return "\n".join(lines)
+
+
+SPEC = TargetSpec(
+    name="executorch-webgpu",
+    rewrites=Rewrites(),
+    graphs=_graphs,
+    convert=_convert,
+    open_backend=None,
+    extra=_extra,
+    summary=summary,
+    config=_config,
+    tables=lambda job: write_tables(job.model, job.folder),
+    measure=measure_twin,
+)

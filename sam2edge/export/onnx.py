@@ -13,17 +13,15 @@ Graph optimisation: onnxruntime's offline BASIC level (constant folding, redunda
 output stays standard ONNX, so TensorRT / OpenVINO / onnxruntime-web can read it); the optimised graph
 is checked against the unoptimised one on the same inputs before it is kept.
 
-Verification (fidelity.json): per-output cosine / correlation / max-abs vs the eager fp32 model with
-upstream's operations, and end-to-end mask IoU over ``CLICKS`` prompts on real photos.
-Bars: fp32 cosine >= ``FP32_COSINE`` on every output; every precision: worst IoU >= ``IOU_BAR``.
+Everything else (out-folder guard, weights, fidelity against eager fp32 with the bars of
+``checks.fidelity.bars``, the atomic write) is ``sam2edge.export.pipeline``; the optimisation check is this
+target's check (fidelity.json ``checks.optimization``).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -31,12 +29,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from sam2edge.bundle import finalize_bundle
-from sam2edge.config import Sam2Config, get_config
-from sam2edge.errors import UserError
+from sam2edge.config import Sam2Config
+from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
-from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.progress import Progress, stage
+from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime import onnx_backend as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 
@@ -49,8 +45,7 @@ ONNX_REWRITES = Rewrites(
     layer_norm="native",
     texture_limit=0,
 )
-PRECISIONS = ("fp32", "fp16")
-FP32_COSINE, IOU_BAR, CLICKS = 0.99999, 0.99, 40
+CLICKS = 40
 # optimised vs unoptimised graph, per output: fp32 to ~1e-7, fp16 within its own rounding (~1e-3 relative)
 OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.99999}
 LABEL_MEANING = "1 foreground, 0 background, 2 box top-left, 3 box bottom-right, -1 not-a-point pad, -2 ignored slot"
@@ -105,39 +100,16 @@ def example_inputs(cfg: Sam2Config) -> tuple[tuple[torch.Tensor], tuple[torch.Te
     return (image,), (*feats, coords, labels, torch.randn(1, 1, 4 * e, 4 * e, generator=g), torch.ones(1))
 
 
-def convert(model: Sam2ImageModel, precision: str, folder: Path) -> dict[str, Path]:
-    """Trace the two graphs to ``folder/raw_{encoder,decoder}.onnx`` (legacy TorchScript exporter: fast, exact)."""
-    enc_cls, dec_cls = GRAPHS[precision]
-    enc_in, dec_in = example_inputs(model.cfg)
-    n = {1: "num_points"}
-    jobs = {
-        "encoder": (enc_cls(model), enc_in, ob.ENCODER_INPUTS, ob.ENCODER_OUTPUTS, {}),
-        "decoder": (
-            dec_cls(model),
-            dec_in,
-            ob.DECODER_INPUTS,
-            ob.DECODER_OUTPUTS,
-            {"point_coords": n, "point_labels": n},
-        ),
-    }
-    out = {}
-    for role, (module, args, names_in, names_out, dynamic) in jobs.items():
-        path = folder / f"raw_{role}.onnx"
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module.eval(),
-                args,
-                str(path),
-                dynamo=False,
-                opset_version=OPSET,
-                do_constant_folding=True,
-                input_names=list(names_in),
-                output_names=list(names_out),
-                dynamic_axes=dynamic,
-            )
-        out[role] = path
-    return out
+# role -> (input names, output names, dynamic axes)
+IO = {
+    "encoder": (ob.ENCODER_INPUTS, ob.ENCODER_OUTPUTS, {}),
+    "decoder": (
+        ob.DECODER_INPUTS,
+        ob.DECODER_OUTPUTS,
+        {"point_coords": {1: "num_points"}, "point_labels": {1: "num_points"}},
+    ),
+}
+WORK = ".work"  # raw and optimised graphs, kept until the optimisation check
 
 
 def optimize(src: Path, dst: Path) -> dict:
@@ -256,38 +228,6 @@ def compare_backends(test, ref, cfg: Sam2Config) -> dict[str, dict[str, float]]:
     return out
 
 
-def verify(
-    enc: Path, dec: Path, sd: dict, cfg: Sam2Config, precision: str, clicks: int = CLICKS
-) -> tuple[dict, list[str]]:
-    """fidelity dict and the list of failed bars (empty = shippable)."""
-    from sam2edge.checks.fidelity import click_set, end_to_end
-    from sam2edge.runtime.backends import EagerBackend
-    from sam2edge.runtime.predictor import Sam2Predictor
-
-    ref = EagerBackend.from_state_dict(sd, cfg)  # upstream's operations, fp32
-    test = ob.OnnxBackend.from_files(enc, dec, cfg)
-    per_output = compare_backends(test, ref, cfg)
-    prompts = sorted(click_set(clicks), key=lambda p: p.photo)  # grouped: one encode per photo
-    bar = Progress("end-to-end clicks", clicks)
-    e2e = end_to_end(Sam2Predictor(ref), Sam2Predictor(test), prompts, lambda i, n: bar.step())
-    failed = [
-        f"{k} cosine {v['cosine']:.7f} < {FP32_COSINE}"
-        for k, v in per_output.items()
-        if precision == "fp32" and v["cosine"] < FP32_COSINE
-    ]
-    if e2e["iou_worst"] < IOU_BAR:
-        failed.append(f"end-to-end worst mask IoU {e2e['iou_worst']:.4f} < {IOU_BAR}")
-    fid = {
-        "reference": "eager fp32, upstream operations (sam2edge EagerBackend)",
-        "precision": precision,
-        "per_output": per_output,
-        "end_to_end": e2e,
-        "bars": {"fp32_cosine_min": FP32_COSINE if precision == "fp32" else None, "iou_worst_min": IOU_BAR},
-        "passed": not failed,
-    }
-    return fid, failed
-
-
 def check_optimization(raw: dict[str, Path], opt: dict[str, Path], cfg: Sam2Config, precision: str) -> dict:
     """Optimised vs unoptimised graphs (both in onnxruntime with no further optimisation), per output."""
     a = ob.OnnxBackend(*(ob.make_session(raw[r], optimize=False) for r in ("encoder", "decoder")), cfg)
@@ -297,6 +237,63 @@ def check_optimization(raw: dict[str, Path], opt: dict[str, Path], cfg: Sam2Conf
     if bad:
         raise RuntimeError(f"graph optimisation changed outputs {bad}: {res}")
     return res
+
+
+def _graphs(job) -> dict:
+    enc_cls, dec_cls = GRAPHS[job.precision]
+    enc_in, dec_in = example_inputs(job.cfg)
+    return {
+        ob.ENCODER_FILE: ("encoder", enc_cls(job.model), enc_in),
+        ob.DECODER_FILE: ("decoder", dec_cls(job.model), dec_in),
+    }
+
+
+def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
+    """Trace ``module`` (legacy TorchScript exporter: fast, exact), optimise it (onnxruntime BASIC), attach
+    metadata and run the full checker; the raw and optimised graphs stay in ``.work`` for the check."""
+    role = "encoder" if file == ob.ENCODER_FILE else "decoder"
+    work = job.folder / WORK
+    work.mkdir(exist_ok=True)
+    names_in, names_out, dynamic = IO[role]
+    raw, opt = work / f"raw_{role}.onnx", work / f"opt_{role}.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(raw),
+            dynamo=False,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            input_names=list(names_in),
+            output_names=list(names_out),
+            dynamic_axes=dynamic,
+        )
+    job.state.setdefault("census", {})[role] = optimize(raw, opt)
+    finish(opt, job.folder / file, metadata(job.cfg, job.precision, job.source, role))
+
+
+def optimization_check(job) -> dict:
+    """Optimised vs unoptimised graphs compute the same (raises otherwise); removes the work folder."""
+    work = job.folder / WORK
+    raw = {r: work / f"raw_{r}.onnx" for r in ("encoder", "decoder")}
+    opt = {r: work / f"opt_{r}.onnx" for r in ("encoder", "decoder")}
+    res = check_optimization(raw, opt, job.cfg, job.precision)
+    for p in work.iterdir():
+        p.unlink()
+    work.rmdir()
+    return {"graphs": job.state["census"], "optimized_vs_unoptimized": res}
+
+
+def _extra(job) -> dict:
+    return {
+        "opset": OPSET,
+        "inputs": {"encoder": list(ob.ENCODER_INPUTS), "decoder": list(ob.DECODER_INPUTS)},
+        "outputs": {"encoder": list(ob.ENCODER_OUTPUTS), "decoder": list(ob.DECODER_OUTPUTS)},
+        "dynamic": {"num_points": "point_coords dim 1, point_labels dim 1"},
+        "point_labels": LABEL_MEANING,
+        "rewrites": vars(ONNX_REWRITES).copy(),
+    }
 
 
 def export_onnx(
@@ -310,84 +307,42 @@ def export_onnx(
     force: bool = False,
     clicks: int = CLICKS,
 ) -> dict:
-    """Build, convert, optimise, verify and write the bundle at ``out`` (atomically). Returns the card."""
-    from sam2edge.io import atomic_dir
-
-    if precision not in PRECISIONS:
-        raise UserError(f"ONNX export supports --precision {' or '.join(PRECISIONS)}, not {precision!r}")
-    model = build_sam2(cfg, ONNX_REWRITES)
-    model.load_state_dict(sd, strict=True)
-    with atomic_dir(out) as tmp:
-        work = tmp / ".work"
-        work.mkdir()
-        stage(f"tracing encoder + decoder ({precision}, {cfg.image_size}px) to ONNX opset {OPSET}")
-        raw = convert(model, precision, work)
-        stage("optimising graphs (onnxruntime BASIC) and checking they compute the same")
-        opt = {r: work / f"opt_{r}.onnx" for r in raw}
-        census = {r: optimize(raw[r], opt[r]) for r in raw}
-        opt_check = check_optimization(raw, opt, cfg, precision)
-        files = {"encoder": tmp / ob.ENCODER_FILE, "decoder": tmp / ob.DECODER_FILE}
-        for r in raw:
-            finish(opt[r], files[r], metadata(cfg, precision, source, r))
-        for p in work.iterdir():
-            p.unlink()
-        work.rmdir()
-        stage(f"verifying against eager fp32 ({clicks} clicks on real photos)")
-        fid, failed = verify(files["encoder"], files["decoder"], sd, cfg, precision, clicks)
-        fid["optimization"] = {"graphs": census, "optimized_vs_unoptimized": opt_check}
-        if failed and not force:
-            raise UserError(
-                f"ONNX {precision} export fails its accuracy bar ({'; '.join(failed)}); "
-                "--force writes it with status 'rejected'"
-            )
-        extra = {
-            "opset": OPSET,
-            "inputs": {"encoder": list(ob.ENCODER_INPUTS), "decoder": list(ob.DECODER_INPUTS)},
-            "outputs": {"encoder": list(ob.ENCODER_OUTPUTS), "decoder": list(ob.DECODER_OUTPUTS)},
-            "dynamic": {"num_points": "point_coords dim 1, point_labels dim 1"},
-            "point_labels": LABEL_MEANING,
-            "rewrites": vars(ONNX_REWRITES).copy(),
-            "failed_bars": failed,
-        }
-        return finalize_bundle(
-            tmp,
-            target="onnx",
-            precision=precision,
-            resolution=cfg.image_size,
-            config=config_name,
-            source=source,
-            command=command,
-            artifacts={ob.ENCODER_FILE: "encoder", ob.DECODER_FILE: "decoder"},
-            fidelity=fid,
-            status="rejected" if failed else "shippable",
-            extra=extra,
-        )
-
-
-def export_from_args(args: argparse.Namespace) -> int:
-    """``sam2edge export --target onnx``: see ``sam2edge.cli.export`` for the arguments."""
-    from sam2edge.weights import SYNTHETIC, load_weights
-
-    if args.precision not in PRECISIONS:
-        raise UserError(f"ONNX export supports --precision {' or '.join(PRECISIONS)}, not {args.precision!r}")
-    cfg = get_config(args.config)
-    if args.resolution is not None:
-        cfg = cfg.at_resolution(args.resolution)
-    sd, source = load_weights(args.checkpoint, cfg)
-    if source["checkpoint"] == SYNTHETIC:
-        print(
-            "WARNING: no --checkpoint given; exporting the deterministic SYNTHETIC checkpoint (meaningless masks)",
-            file=sys.stderr,
-        )
-    card = export_onnx(sd, source, cfg, args.config, args.precision, Path(args.out), args.command_line, args.force)
-    fid = card["fidelity"]
-    worst_cos = min(v["cosine"] for v in fid["per_output"].values())
-    sizes = ", ".join(f"{a['file']} {a['bytes'] / 1e6:.1f} MB" for a in card["artifacts"])
-    print(f"bundle:  {Path(args.out).resolve()} ({card['status']})")
-    print(f"files:   {sizes}")
-    print(
-        f"fidelity: worst per-output cosine {worst_cos:.7f}; end-to-end mask IoU worst "
-        f"{fid['end_to_end']['iou_worst']:.4f} median {fid['end_to_end']['iou_median']:.4f} "
-        f"over {fid['end_to_end']['clicks']} clicks"
+    """``run_export`` for ONNX with given weights at ``cfg``'s resolution; returns the card."""
+    return run_export(
+        "onnx",
+        config_name,
+        precision,
+        out,
+        resolution=cfg.image_size,
+        weights=(sd, source),
+        force=force,
+        command=command,
+        clicks=clicks,
     )
-    return 0
+
+
+def summary(card: dict, out: Path) -> str:
+    fid = card["fidelity"]
+    worst_cos = min(v["cosine"] for v in fid["outputs"].values())
+    sizes = ", ".join(f"{a['file']} {a['bytes'] / 1e6:.1f} MB" for a in card["artifacts"])
+    e2e = fid["end_to_end"]
+    return (
+        f"bundle:  {Path(out).resolve()} ({card['status']})\n"
+        f"files:   {sizes}\n"
+        f"fidelity: worst per-output cosine {worst_cos:.7f}; end-to-end mask IoU worst "
+        f"{e2e['iou_worst']:.4f} median {e2e['iou_median']:.4f} over {e2e['clicks']} clicks"
+    )
+
+
+SPEC = TargetSpec(
+    name="onnx",
+    rewrites=ONNX_REWRITES,
+    graphs=_graphs,
+    convert=_convert,
+    open_backend=lambda job: ob.OnnxBackend.from_files(
+        job.folder / ob.ENCODER_FILE, job.folder / ob.DECODER_FILE, job.cfg
+    ),
+    extra=_extra,
+    summary=summary,
+    checks={"optimization": optimization_check},
+)

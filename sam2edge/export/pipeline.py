@@ -1,0 +1,213 @@
+"""THE export pipeline: every target runs the same steps; a target module keeps only what is specific to
+its runtime (a ``TargetSpec``).
+
+  1. out-folder guard   ``guard_out``: refuse a file, a non-empty folder that is not a bundle, ``.`` or any
+                        folder that is or holds an input (exit 2, nothing touched) - before any work
+  2. load weights       ``sam2edge.weights.load_weights`` (checkpoint file, hub id or the synthetic one)
+  3. build              the model with the target's ``Rewrites`` (``spec.model``)
+  4. for each graph of the model's graph set (``GRAPH_SET``; ``spec.graphs`` says which the target ships):
+                        convert (``spec.convert``) into the staged bundle folder
+  5. tables             host-side files the runtime reads (``spec.tables``, optional)
+  6. lint               the target's graph lint (``spec.lint``, optional; ``--allow-dirty`` records instead
+                        of refusing, for every target)
+  7. target checks      ``spec.checks``: name -> fn(job) -> dict (in fidelity.json "checks"); a check may add
+                        "failures" (one line each), which fail the bundle like a bar
+  8. fidelity           ONE measurement, ``checks.fidelity.measure.measure_backend`` (what `sam2edge verify`
+                        runs) on the staged files, with the ONE bar table ``checks.fidelity.bars.BARS``
+                        (``spec.measure`` replaces it only for a target whose graphs cannot run here)
+  9. write              fidelity.json (schema ``bundle.fidelity``), card.json, manifest.json; the staged
+                        folder replaces ``--out`` atomically, only when everything above succeeded
+
+A failing bar refuses the export unless ``force`` (then written with status "rejected").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from sam2edge.bundle import CARD, finalize_bundle, validate_fidelity
+from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend
+from sam2edge.config import Sam2Config, get_config
+from sam2edge.errors import UserError
+from sam2edge.io import atomic_dir
+from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.progress import Stages, stage
+from sam2edge.runtime.backends import EagerBackend
+from sam2edge.targets import Target, get_target, resolve
+
+# the model's graph set: role -> what the graph computes. Data: video graphs (memory attention, memory
+# encoder) and a batched decoder (automatic masks) are new entries here, then one graph in each target.
+GRAPH_SET: dict[str, str] = {
+    "encoder": "image 1x3xSxS -> image_embeddings 1xCxexe, feat_s0, feat_s1",
+    "decoder": "features + prompt -> masks 1x3, iou 1x3, single_mask, single_iou, object_score",
+    "mask-encoder": "mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe",
+}
+
+
+@dataclass
+class Job:
+    """One export in progress, as the target's steps see it."""
+
+    target: Target
+    cfg: Sam2Config
+    config_name: str
+    precision: str
+    sd: dict  # sam2edge state dict (fp32)
+    source: dict  # provenance of the weights (card.json "source")
+    model: Sam2ImageModel  # built with the target's rewrites, weights loaded
+    folder: Path  # the staged bundle folder (becomes --out at the end)
+    allow_dirty: bool = False  # --allow-dirty: a dirty graph is recorded instead of refused
+    clicks: int = MIN_CLICKS  # end-to-end prompts of the fidelity measurement
+    files: dict[str, str] = field(default_factory=dict)  # file -> role, written so far
+    lint: dict = field(default_factory=dict)  # what spec.lint returned (target-specific)
+    checks: dict[str, dict] = field(default_factory=dict)  # check name -> result
+    state: dict = field(default_factory=dict)  # anything a target keeps between its steps
+
+    @property
+    def precision_label(self) -> str:
+        return f"{self.precision}, {self.cfg.image_size}px"
+
+
+# file -> (role in GRAPH_SET, module, sample inputs: a tuple of positional tensors or a dict of named ones)
+Graphs = dict[str, tuple[str, nn.Module, object]]
+
+
+def _default_model(sd: dict, cfg: Sam2Config, precision: str, rewrites: Rewrites) -> Sam2ImageModel:
+    model = build_sam2(cfg, rewrites)
+    model.load_state_dict(sd, strict=True)
+    return model
+
+
+def _default_config(cfg: Sam2Config, resolution: int | None) -> Sam2Config:
+    return cfg if resolution is None else cfg.at_resolution(resolution)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target contributes to the pipeline (the rest is shared)."""
+
+    name: str  # registry key (sam2edge.targets)
+    rewrites: Rewrites  # model rewrites for this runtime's converter
+    graphs: Callable[[Job], Graphs]  # the graphs of GRAPH_SET it ships, with sample inputs
+    convert: Callable[[Job, str, nn.Module, object], None]  # write job.folder / file
+    open_backend: Callable[[Job], object] | None  # a Backend over the staged files (None: spec.measure)
+    extra: Callable[[Job], dict]  # card.json "extra" (I/O names, census, prompt layout, ...)
+    summary: Callable[[dict, Path], str]  # what the CLI prints
+    model: Callable[[dict, Sam2Config, str, Rewrites], Sam2ImageModel] = _default_model
+    config: Callable[[Sam2Config, int | None], Sam2Config] = _default_config  # --resolution rule
+    tables: Callable[[Job], dict[str, str]] | None = None  # host tables written -> role
+    lint: Callable[[Job], dict] | None = None  # graph lint; raise UserError unless job.allow_dirty
+    checks: dict[str, Callable[[Job], dict]] = field(default_factory=dict)
+    measure: Callable[[Job, EagerBackend], dict] | None = None  # only where the graphs cannot run here
+
+
+def guard_out(out: str | Path, inputs: tuple[str | Path | None, ...] = ()) -> Path:
+    """``--out`` must be a new path, an empty folder, or an existing bundle (card.json) to replace; never a
+    file, ``.``, a folder that is not a bundle, or a folder that is or holds one of ``inputs``. One line,
+    nothing touched."""
+    out = Path(out)
+    hint = "choose a new or empty --out folder"
+    if out.resolve() == Path.cwd().resolve():
+        raise UserError(f"--out {out} is the current folder; {hint}")
+    for src in (Path(i) for i in inputs if i):
+        if src.exists() and (src.resolve() == out.resolve() or out.resolve() in src.resolve().parents):
+            raise UserError(f"--out {out} holds the input {src}; {hint}")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is an existing file, not a bundle folder; {hint}")
+    if out.is_dir() and any(out.iterdir()) and not (out / CARD).is_file():
+        raise UserError(f"--out {out} exists and is not an export bundle; {hint}")
+    return out
+
+
+def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
+    ref = EagerBackend.from_state_dict(job.sd, job.cfg, UPSTREAM)
+    if spec.measure is not None:
+        fidelity = spec.measure(job, ref)
+    else:
+        fidelity = measure_backend(ref, spec.open_backend(job), job.precision, clicks=job.clicks, bars=bars)
+    fidelity["checks"] = job.checks
+    fidelity["failures"] += [f for c in job.checks.values() for f in c.get("failures", [])]
+    fidelity["passed"] = not fidelity["failures"]
+    return validate_fidelity(fidelity, "the measured fidelity.json")
+
+
+def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
+    for file, (role, module, sample) in spec.graphs(job).items():
+        if role not in GRAPH_SET:
+            raise ValueError(f"{spec.name}: graph {file} has role {role!r}, not one of {sorted(GRAPH_SET)}")
+        stages.next(f"convert {file}")
+        stage(f"convert {file} ({job.precision_label}) for {spec.name}")
+        spec.convert(job, file, module.eval(), sample)
+        job.files[file] = role
+    if spec.tables is not None:
+        job.files.update(spec.tables(job))
+    if spec.lint is not None:
+        stages.next("lint")
+        job.lint = spec.lint(job)
+    for name, check in spec.checks.items():
+        stages.next(f"check {name}")
+        stage(f"check: {name}")
+        job.checks[name] = check(job)
+
+
+def run_export(
+    target: str,
+    config_name: str,
+    precision: str,
+    out: str | Path,
+    *,
+    resolution: int | None = None,
+    checkpoint: str | None = None,
+    weights: tuple[dict, dict] | None = None,
+    allow_dirty: bool = False,
+    force: bool = False,
+    command: str = "",
+    clicks: int = MIN_CLICKS,
+    bars: dict[str, float] | None = None,
+    options: dict | None = None,
+) -> dict:
+    """Export ``target`` (a registry key) at ``precision`` into the bundle folder ``out``; returns the card.
+
+    ``weights`` = (state dict, source) skips loading ``checkpoint`` (tests, benchmarks); ``bars`` override
+    the precision's bars key by key (never used by the CLI); ``options`` go to ``job.state`` (target knobs
+    such as LiteRT's ``num_tokens``)."""
+    from sam2edge.weights import load_weights
+
+    entry = get_target(target)
+    if precision not in entry.precisions:
+        raise UserError(f"{entry.title} export offers --precision {', '.join(entry.precisions)}, not {precision!r}")
+    out = guard_out(out, (checkpoint,))
+    spec: TargetSpec = resolve(entry.converter)
+    cfg = spec.config(get_config(config_name), resolution)
+    sd, source = weights if weights is not None else load_weights(checkpoint, cfg)
+    model = spec.model(sd, cfg, precision, spec.rewrites)
+    stages = Stages(f"export {target} {precision}", len(GRAPH_SET) + 2 + len(spec.checks) + (spec.lint is not None))
+    try:
+        with atomic_dir(out) as tmp:
+            job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks)
+            job.state.update(options or {})
+            _build_files(spec, job, stages)
+            stages.next("fidelity")
+            fidelity = _fidelity(spec, job, bars)
+            if not fidelity["passed"] and not force:
+                raise UserError(f"export refused: {fidelity['failures'][0]}; pass --force to write it as 'rejected'")
+            stages.next("write")
+            return finalize_bundle(
+                tmp,
+                target=target,
+                precision=precision,
+                resolution=cfg.image_size,
+                config=config_name,
+                source=source,
+                command=command,
+                artifacts=dict(job.files),
+                fidelity=fidelity,
+                status="shippable" if fidelity["passed"] else "rejected",
+                extra=spec.extra(job),
+            )
+    finally:
+        stages.close()
