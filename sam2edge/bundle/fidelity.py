@@ -71,3 +71,20 @@ def all_finite(doc: dict) -> bool:
     nums = [v for m in doc["outputs"].values() for v in m.values() if _is_num(v)]
     nums += [v for v in doc["end_to_end"].values() if _is_num(v)]
     return all(math.isfinite(v) for v in nums)
+
+
+def validate_stored(doc: object, where: str | Path = "fidelity.json") -> dict:
+    """A fidelity.json as found in a bundle: the export-time measurement (when any of its fields is there,
+    all must be) and the ``verify`` report (when there) each conform; ``checks`` entries are objects.
+    A bundle written before any measurement may hold neither. One-line UserError otherwise."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where} must hold a JSON object; re-run the export (or `sam2edge verify`)")
+    if any(k in doc for k in REQUIRED if k != "passed"):
+        validate_fidelity(doc, where)
+    if "verify" in doc:
+        validate_fidelity(doc["verify"], f"{where} entry 'verify'")
+    if "checks" in doc and not (
+        isinstance(doc["checks"], dict) and all(isinstance(v, dict) for v in doc["checks"].values())
+    ):
+        raise UserError(f"{where} field 'checks' must map each check name to an object; re-run the check")
+    return doc

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sam2edge.bundle import CARD, FIDELITY, MANIFEST, load_card, write_json, write_manifest
+from sam2edge.bundle import CARD, FIDELITY, MANIFEST, load_card, require_intact, rewrite_metadata, write_json
+from sam2edge.bundle.fidelity import validate_stored
 from sam2edge.cards.chart import latency_chart
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
@@ -63,9 +64,9 @@ def _read_json(path: Path) -> dict:
 
 
 def read_fidelity(folder: Path, card: dict) -> dict:
-    """fidelity.json (card.json ``fidelity`` when the file is absent)."""
+    """fidelity.json (card.json ``fidelity`` when the file is absent), validated against the one schema."""
     path = folder / FIDELITY
-    return _read_json(path) if path.is_file() else dict(card.get("fidelity") or {})
+    return validate_stored(_read_json(path) if path.is_file() else dict(card.get("fidelity") or {}), path)
 
 
 def model_artifacts(card: dict) -> dict[str, str]:
@@ -522,30 +523,30 @@ def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[
 
 
 def render_bundle(folder: str | Path, search: list[Path] | None = None) -> dict:
-    """Render README.md (+ latency.png) into ``folder``; -> {readme, chart, bench, sweep}."""
+    """Render README.md (+ latency.png) into ``folder``; -> {readme, chart, bench, sweep}.
+
+    The bundle's files are checked against manifest.json first (a modified model file is refused, nothing
+    written); card.json and manifest.json are rewritten together, last, after everything else succeeded."""
     folder = Path(folder)
     card = load_card(folder)
+    require_intact(folder, "rendering the card")
     fid = read_fidelity(folder, card)
     found = find_bench_records(folder, card, list(search or []))
-    bench_paths = []
-    for src, rec in found:
-        dst = folder / RECORDS_DIR / rec["date"] / src.name
+    bench = [rec for _, rec in found]
+    sweep = [(p.relative_to(folder).as_posix(), r) for p, r in find_sweep_records(folder)]
+    bench_paths = [(folder / RECORDS_DIR / rec["date"] / src.name) for src, rec in found]
+    records = {"bench": [p.relative_to(folder).as_posix() for p in bench_paths], "sweep": [p for p, _ in sweep]}
+    card["records"], card["fidelity"] = records, fid
+    chart = CHART if bench else None
+    text = render_markdown(card, fid, bench, sweep, chart)
+    for (src, rec), dst in zip(found, bench_paths):
         if src.resolve() != dst.resolve():
             dst.parent.mkdir(parents=True, exist_ok=True)
             write_json(dst, rec)
-        bench_paths.append(dst.relative_to(folder).as_posix())
-    bench = [rec for _, rec in found]
-    sweep = [(p.relative_to(folder).as_posix(), r) for p, r in find_sweep_records(folder)]
-    chart = None
     if bench:
         with atomic_path(folder / CHART) as tmp:
             latency_chart(bench, tmp)
-        chart = CHART
-    records = {"bench": bench_paths, "sweep": [p for p, _ in sweep]}
-    if card.get("records") != records or card.get("fidelity") != fid:
-        card["records"], card["fidelity"] = records, fid
-        write_json(folder / CARD, card)
     with atomic_path(folder / README) as tmp:
-        tmp.write_text(render_markdown(card, fid, bench, sweep, chart))
-    write_manifest(folder)
+        tmp.write_text(text)
+    rewrite_metadata(folder, card, checked=True)
     return {"readme": folder / README, "chart": chart, "bench": len(bench), "sweep": len(sweep)}
