@@ -6,6 +6,7 @@ program on two cores.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 
 pytest.importorskip("executorch")
 
+from sam2edge.bundle import validate_fidelity  # noqa: E402
 from sam2edge.checks.fidelity import mask_iou, photo  # noqa: E402
 from sam2edge.checks.fidelity.bars import BARS  # noqa: E402
 from sam2edge.config import TEST_SMALL  # noqa: E402
@@ -48,6 +50,7 @@ def eager():
 def test_fp32_bundle_parity_size_delegation(fp32):
     out, card = fp32
     assert card["status"] == "shippable", card["fidelity"]["failures"]
+    assert validate_fidelity(json.loads((out / "fidelity.json").read_text())) == card["fidelity"]  # one schema
     for name, m in card["fidelity"]["outputs"].items():
         assert m["cosine"] >= FP32_COSINE, name
     assert card["fidelity"]["end_to_end"]["clicks"] >= 40
@@ -197,6 +200,7 @@ def test_webgpu_bundle_twin_meets_the_bar(tmp_path):
     out = tmp_path / "webgpu"
     card = export_webgpu(CFG.at_resolution(512), "test-small", None, out)
     twin = card["fidelity"]["cpu_twin"]
+    assert validate_fidelity(json.loads((out / "fidelity.json").read_text())) == card["fidelity"]  # one schema
     assert card["status"] == "shippable" and twin["mask_iou_worst"] == 1.0, twin
     kinds = {p["kind"] for p in twin["prompts"]}
     assert kinds == {"point", "box"} and len(twin["prompts"]) >= 10

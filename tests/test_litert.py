@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from sam2edge.bundle import load_card
+from sam2edge.bundle import load_card, validate_fidelity
 from sam2edge.checks.fidelity import mask_iou, photo
 from sam2edge.checks.tflite.lint import BANNED, lint_file
 from sam2edge.cli.main import main
@@ -75,7 +75,8 @@ def test_export_writes_a_verified_bundle(bundle):
     fid = card["fidelity"]
     assert fid["passed"] and fid["end_to_end"]["clicks"] >= 40
     assert min(v["cosine"] for v in fid["outputs"].values()) >= 0.99999
-    assert set(fid["outputs"]) >= {"encoder.image_embeddings", "decoder.masks", "mask_encoder.dense_prompt"}
+    assert set(fid["outputs"]) >= {"encoder.image_embed", "decoder.masks", "mask_encoder.dense_prompt"}
+    assert validate_fidelity(json.loads((bundle / "fidelity.json").read_text())) == fid  # the one schema
     io = card["extra"]["io"]["decoder.tflite"]
     shapes = {t["name"]: t["shape"] for t in io["inputs"]}
     assert shapes == {

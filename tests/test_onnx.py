@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
+from sam2edge.bundle import validate_fidelity
 from sam2edge.checks.fidelity import photo
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
@@ -73,7 +74,8 @@ def test_bundle_files_checker_and_card(bundle):
     ]
     card = json.loads((bundle / "card.json").read_text())
     assert card["target"] == "onnx" and card["status"] == "shippable" and card["precision"] == "fp32"
-    fid = card["fidelity"]
+    fid = validate_fidelity(json.loads((bundle / "fidelity.json").read_text()))  # the one schema
+    assert fid == card["fidelity"]
     assert all(v["cosine"] >= 0.99999 for v in fid["outputs"].values())
     assert fid["end_to_end"]["iou_worst"] >= 0.99
     opt = fid["checks"]["optimization"]

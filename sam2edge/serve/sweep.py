@@ -25,11 +25,9 @@ max_rel_diff = max |browser - cpu| / max |cpu| over each output, worst output.
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import json
 import platform
-import statistics
 import tempfile
 import threading
 import time
@@ -39,12 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sam2edge.checks.fidelity import compare, photo
+from sam2edge.checks.fidelity import photo
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
+from sam2edge.serve.sweep_results import BACKEND_LABELS, STATUSES, _r, _result_row  # noqa: F401
 
-BACKEND_LABELS = {"wasm": "wasm_xnnpack", "webgpu": "webgpu_mldrift"}
-STATUSES = ("pass", "output_mismatch", "fallback", "load_error", "timeout")
 DEFAULT_TOLERANCE = 1e-3
 
 
@@ -137,33 +134,6 @@ def make_inputs(bundle: Path, file: str, card: dict, encoder_file: str | None) -
 
 
 # ---- the browser side -------------------------------------------------------------------------------
-def _decode_outputs(result: dict) -> list[tuple[str, np.ndarray]]:
-    out = []
-    for o in result.get("outputs", []):
-        a = np.frombuffer(base64.b64decode(o["b64"]), dtype="<f4").reshape(o["shape"])
-        out.append((o["name"], a))
-    return out
-
-
-def _status(res: dict, cfg: SweepConfig, accel: str) -> dict:
-    """Classify one browser run (already compared) into the record fields."""
-    deleg = res.get("delegation") or {}
-    full = None
-    if accel == "webgpu" and res.get("ok"):
-        full = not (deleg.get("cpu_ops") or deleg.get("whole_graph_fell_back"))
-    if res.get("timed_out"):
-        status = "timeout"
-    elif not res.get("ok"):
-        status = "load_error"
-    elif res["max_rel_diff"] is None or res["max_rel_diff"] > cfg.tolerance:
-        status = "output_mismatch"
-    elif full is False:
-        status = "fallback"
-    else:
-        status = "pass"
-    return {"status": status, "full_delegation": full}
-
-
 def run_in_browser(browser, base_url: str, model_url: str, inputs_url: str, accel: str, cfg: SweepConfig) -> dict:
     """One compile + timed runs in a fresh page; {ok, outputs, run_ms, delegation, ...} or timed_out."""
     from playwright.sync_api import TimeoutError as PwTimeout
@@ -230,79 +200,6 @@ def environment(browser, base_url: str, chromium: str, litertjs: str) -> dict:
     }
 
 
-def _result_row(accel: str, res: dict, ref: list[tuple[str, np.ndarray]], cfg: SweepConfig) -> dict:
-    row = {"backend": BACKEND_LABELS[accel], "accelerator": accel}
-    per, worst_rel, worst_abs, min_cos = {}, None, None, None
-    if res.get("ok"):
-        got = _decode_outputs(res)
-        if len(got) != len(ref):
-            res = {**res, "ok": False, "error": f"{len(got)} outputs in the browser, {len(ref)} on the CPU"}
-        else:
-            ref_by = dict(ref)
-            if all(n in ref_by for n, _ in got):  # match by tensor name (orders differ: tensor vs sorted)
-                ref = [(n, ref_by[n]) for n, _ in got]
-            for (_, a), (rname, b) in zip(got, ref):
-                if a.shape != b.shape:
-                    res = {**res, "ok": False, "error": f"output {rname}: shape {a.shape} vs CPU {b.shape}"}
-                    break
-                c = compare(a, b)
-                per[rname] = {k: c[k] for k in ("max_rel", "max_abs", "cosine")}
-                per[rname]["all_zero"] = bool(a.size and not np.any(a)) and bool(np.any(b))
-                worst_rel = c["max_rel"] if worst_rel is None else max(worst_rel, c["max_rel"])
-                worst_abs = c["max_abs"] if worst_abs is None else max(worst_abs, c["max_abs"])
-                min_cos = c["cosine"] if min_cos is None else min(min_cos, c["cosine"])
-            if not np.isfinite(worst_rel if worst_rel is not None else np.nan):
-                worst_rel = float("inf")
-    res = {**res, "max_rel_diff": worst_rel}
-    row.update(_status(res, cfg, accel))
-    deleg = dict(res.get("delegation") or {})
-    deleg["is_fully_accelerated_claim"] = res.get("is_fully_accelerated_claim")
-    runs = res.get("run_ms") or []
-    row.update(
-        {
-            "delegation": deleg,
-            "output_match": (worst_rel is not None and worst_rel <= cfg.tolerance) if res.get("ok") else None,
-            "max_rel_diff": worst_rel,
-            "max_abs_diff": worst_abs,
-            "min_cosine": min_cos,
-            "per_output": per,
-            "latency_p50_ms": round(statistics.median(runs), 3) if runs else None,
-            "latency_min_ms": round(min(runs), 3) if runs else None,
-            "first_run_ms": _r(res.get("first_run_ms")),
-            "compile_ms": _r(res.get("compile_ms")),
-            "runs": len(runs),
-            "warmup": cfg.warmup,
-            "timeout_s": cfg.timeout_s,
-            "runtime_variant": res.get("runtime_variant"),
-            "threads": res.get("threads"),
-            "error": res.get("error"),
-        }
-    )
-    zero = [n for n, m in per.items() if m["all_zero"]]
-    gpu_errors = list(
-        dict.fromkeys(
-            line.splitlines()[0][:300]
-            for line in res.get("console") or []
-            if line.startswith(("WebGPU uncaptured error", "WebGPU device lost"))
-        )
-    )
-    if gpu_errors:
-        row["webgpu_errors"] = gpu_errors[:5]
-    if zero:
-        row["evidence"] = f"outputs all zero in the browser (non-zero on the CPU): {', '.join(zero)}" + (
-            f"; first WebGPU error: {gpu_errors[0]}" if gpu_errors else ""
-        )
-    if row["status"] != "pass":
-        row["console_tail"] = [
-            line[:300] for line in (res.get("console") or []) if "INFO: [" not in line and "npu_registry" not in line
-        ][-25:]
-    return row
-
-
-def _r(x):
-    return None if x is None else round(float(x), 3)
-
-
 # ---- the sweep --------------------------------------------------------------------------------------
 def tflite_files(bundle: Path) -> list[str]:
     files = sorted(p.name for p in bundle.glob("*.tflite"))
@@ -311,6 +208,26 @@ def tflite_files(bundle: Path) -> list[str]:
             f"{bundle} holds no .tflite file; pass a LiteRT bundle written by `sam2edge export --target litert`"
         )
     return files
+
+
+def _request(bundle: Path, cfg: SweepConfig, nm: Path | None) -> tuple[Path, dict, list[str], list[str]]:
+    """Check the sweep request -> (node_modules, card (or {}), every .tflite, the ones to sweep)."""
+    if not bundle.is_dir():
+        raise UserError(f"{bundle} is not a folder; pass a bundle folder written by `sam2edge export`")
+    for b in cfg.backends:
+        if b not in BACKEND_LABELS:
+            raise UserError(f"unknown backend {b!r}; choose from {', '.join(BACKEND_LABELS)}")
+    if nm is None:
+        raise UserError("LiteRT.js is not installed; run `npm ci` at the repo root (scripts/setup.sh does it)")
+    try:
+        card = json.loads((bundle / "card.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        card = {}
+    all_files = tflite_files(bundle)
+    unknown = [f for f in cfg.files if f not in all_files]
+    if unknown:
+        raise UserError(f"{', '.join(unknown)} not in {bundle}; its models are {', '.join(all_files)}")
+    return nm, card, all_files, [f for f in all_files if not cfg.files or f in cfg.files]
 
 
 def sweep_bundle(
@@ -329,23 +246,7 @@ def sweep_bundle(
     from sam2edge.serve.web import Mounts, WebServer
 
     bundle = Path(bundle)
-    if not bundle.is_dir():
-        raise UserError(f"{bundle} is not a folder; pass a bundle folder written by `sam2edge export`")
-    for b in cfg.backends:
-        if b not in BACKEND_LABELS:
-            raise UserError(f"unknown backend {b!r}; choose from {', '.join(BACKEND_LABELS)}")
-    nm = node_modules()
-    if nm is None:
-        raise UserError("LiteRT.js is not installed; run `npm ci` at the repo root (scripts/setup.sh does it)")
-    try:
-        card = json.loads((bundle / "card.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        card = {}
-    all_files = tflite_files(bundle)
-    unknown = [f for f in cfg.files if f not in all_files]
-    if unknown:
-        raise UserError(f"{', '.join(unknown)} not in {bundle}; its models are {', '.join(all_files)}")
-    files = [f for f in all_files if not cfg.files or f in cfg.files]
+    nm, card, all_files, files = _request(bundle, cfg, node_modules())
     encoder = next((f for f in all_files if _role(bundle, f, card) == "encoder"), None)
     litertjs = litertjs_version(nm)
     chromium = chromium_version()

@@ -32,24 +32,18 @@ import numpy as np
 import torch
 
 import sam2edge
-from sam2edge.bundle import load_card, write_json
+from sam2edge.bundle import load_card
+from sam2edge.checks.bench.records import UPSTREAM, add_ratios, format_table, write_records  # noqa: F401, E402
 from sam2edge.checks.fidelity import click_set, photo
 from sam2edge.checks.fidelity.verify import bundle_config, model_prompt, open_backend, reference_weights
 from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.progress import Progress, stage
 from sam2edge.runtime.preprocess import preprocess
+from sam2edge.targets import TARGETS
 
-UPSTREAM = "upstream-eager"
 BENCH_PHOTO = "astronaut.png"
 # runtime (card.json target) -> the package whose version identifies it
-RUNTIME_PACKAGES: dict[str, str] = {
-    "litert": "ai-edge-litert",
-    "onnx": "onnxruntime",
-    "executorch": "executorch",
-    "executorch-webgpu": "executorch",
-    UPSTREAM: "sam2",
-}
-# keyword a backend's ``from_bundle`` takes for its thread count (first one present is used)
+RUNTIME_PACKAGES: dict[str, str] = {name: t.runtime_package for name, t in TARGETS.items()} | {UPSTREAM: "sam2"}
 
 
 def package_version(name: str) -> str:
@@ -359,83 +353,3 @@ def to_record(s: Subject, threads, runs, warmup, clicks, session, now, env, boun
     if bound:
         rec["compute_bound"] = bound
     return rec
-
-
-def add_ratios(records: list[dict]) -> None:
-    """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
-    ups = {r["resolution"]: r for r in records if r["runtime"] == UPSTREAM}
-    for r in records:
-        ratios = {}
-        up = ups.get(r["resolution"])
-        if up is not None:
-            for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
-                ratios[f"{key[:-3]}_vs_upstream"] = r[key]["median"] / up[key]["median"]
-        if "compute_bound" in r:
-            b = r["compute_bound"]
-            ratios["encoder_vs_bound"] = r["encoder_ms"]["median"] / b["encoder_bound_ms"]
-            ratios["decoder_vs_bound"] = r["decoder_ms"]["median"] / b["decoder_bound_ms"]
-        if ratios:
-            r["ratios"] = ratios
-
-
-def record_name(rec: dict) -> str:
-    slug = re.sub(r"[^A-Za-z0-9.]+", "-", rec["subject"]).strip("-")
-    return f"{rec['date']}/{slug}__{rec['session']}.json"
-
-
-def write_records(records: list[dict], folder: str | Path) -> list[Path]:
-    """One JSON file per record: ``folder/<date>/<subject>__<session>.json``."""
-    out = []
-    for rec in records:
-        p = Path(folder) / record_name(rec)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        write_json(p, rec)
-        out.append(p)
-    return out
-
-
-def format_table(records: list[dict]) -> str:
-    """Plain-text table: medians (and min-max) per subject, ratios when present."""
-    head = (
-        f"{'subject':<28} {'load s':>7} {'encoder ms p50 (min-max)':>26} {'decoder ms p50 (min-max)':>26}"
-        f" {'1st click ms':>12} {'peak RSS MB':>11}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in records:
-        e, d, f = r["encoder_ms"], r["decoder_ms"], r["first_click_ms"]
-        lines.append(
-            f"{r['subject']:<28} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
-            f" {r['peak_rss_mb']:>11.0f}"
-        )
-    if any("ratios" in r for r in records):
-        lines += [
-            "",
-            f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
-            f" {'enc/bound':>10} {'dec/bound':>10}",
-        ]
-        for r in records:
-            q = r.get("ratios", {})
-            cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
-            cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
-            lines.append(
-                f"{r['subject']:<28} "
-                + " ".join(f"{_x(c):>12}" for c in cells)
-                + " "
-                + " ".join(f"{_x(c):>10}" for c in cells2)
-            )
-        b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
-        if b:
-            lines.append(
-                f"compute bound: encoder {b['encoder_gflop']:.1f} GFLOP, decoder {b['decoder_gflop']:.2f} GFLOP"
-                f" at {b['gemm_gflops']:.0f} GFLOP/s (fp32 GEMM here) -> {b['encoder_bound_ms']:.0f} ms,"
-                f" {b['decoder_bound_ms']:.1f} ms"
-            )
-    return "\n".join(lines)
-
-
-def _mm(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"

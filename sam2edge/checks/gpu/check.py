@@ -35,7 +35,6 @@ import ctypes
 import importlib.metadata
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.checks.fidelity import compare, iou_summary, mask_iou
+from sam2edge.checks.gpu.delegate_log import Residency, parse_delegate_log  # noqa: F401
 from sam2edge.checks.gpu.feeds import Feeds, build_feeds
 from sam2edge.errors import UserError
 from sam2edge.progress import stage
@@ -61,13 +61,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 WORKER = Path(__file__).with_name("worker.py")
 WORKER_THREADS = 2  # XNNPACK threads (CPU reference and the GPU run's CPU fallback)
 
-_ADAPTER = re.compile(r"Selected adapter: (?P<name>.+?), arch=(?P<arch>[^,]*),.*backend=(?P<backend>[^,]*)")
-_SPLIT = re.compile(r"(?P<gpu>\d+) operations will run on the GPU, and the remaining (?P<cpu>\d+) operations")
-_NONE = re.compile(r"No operations will run on the GPU, and all (?P<cpu>\d+) operations")
-_REJECT_HEAD = "Following operations are not supported by GPU delegate:"
-_REJECT = re.compile(r"^(?P<op>[A-Z][A-Z0-9_]*): (?P<reason>.+)$")
-_PARTITION = "Initializing WebGPU-based API from graph."
-_VALIDATION = re.compile(r"Validation error: (?P<msg>.+)$")  # Dawn refused a GPU object: outputs undefined
 _TEXTURE_LIMIT = "exceeded maximum texture size"  # the device's limit, not the graph's fault
 MASK_OUTPUTS = ("masks", "iou_scores", "single_mask")  # decoder outputs the mask IoU reads
 _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize WebGPU environment")
@@ -75,23 +68,6 @@ _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize We
 # longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then run on the GPU in pieces.
 _DEADLINE = ("Timed out waiting for future", "Failed to lock custom tensor buffer")
 FIRST_SEGMENTS = 4  # equal node ranges to start with; one that misses the deadline is halved and retried
-
-
-@dataclass
-class Residency:
-    """What the delegate reported for one file."""
-
-    ops_total: int
-    ops_gpu: int
-    partitions: int
-    rejected: list[dict[str, str]] = field(default_factory=list)  # [{op, reason}] as the delegate words it
-    device: str = ""  # Vulkan device as the delegate's adapter line names it
-    fully_accelerated_claim: bool | None = None  # CompiledModel.is_fully_accelerated(): recorded, not trusted
-    gpu_errors: list[str] = field(default_factory=list)  # WebGPU validation errors (unique): the run is void
-
-    @property
-    def resident(self) -> bool:
-        return self.ops_gpu == self.ops_total and self.partitions == 1
 
 
 @dataclass
@@ -155,37 +131,6 @@ def environment(device: str = "") -> dict[str, str]:
         "vulkan_icd": str(vulkan_icd()),
         "ai_edge_litert": importlib.metadata.version("ai-edge-litert"),
     }
-
-
-# ---- the delegate's log --------------------------------------------------------------------------
-
-
-def parse_delegate_log(log: str, ops_total: int) -> Residency:
-    """Residency from the GPU delegate's stderr; ``ops_total`` = operators in the graph (flatbuffer)."""
-    lines = log.splitlines()
-    rejected, in_list = [], False
-    for line in lines:
-        if _REJECT_HEAD in line:
-            in_list = True
-            continue
-        m = _REJECT.match(line.strip())
-        if in_list and m:
-            rejected.append({"op": m["op"], "reason": m["reason"]})
-        elif in_list:
-            in_list = False
-    split = next((m for m in map(_SPLIT.search, lines) if m), None)
-    none = next((m for m in map(_NONE.search, lines) if m), None)
-    partitions = sum(_PARTITION in line for line in lines)
-    if split:
-        gpu, total = int(split["gpu"]), int(split["gpu"]) + int(split["cpu"])
-    elif none:
-        gpu, total = 0, int(none["cpu"])
-    else:  # no split line: the delegate took every op, if it built a partition
-        gpu, total = (ops_total if partitions else 0), ops_total
-    adapter = next((m for m in map(_ADAPTER.search, lines) if m), None)
-    device = f"{adapter['name']} ({adapter['backend']}, arch {adapter['arch']})" if adapter else ""
-    errors = list(dict.fromkeys(m["msg"].strip() for m in map(_VALIDATION.search, lines) if m))
-    return Residency(total, gpu, partitions, rejected, device, gpu_errors=errors)
 
 
 # ---- running -------------------------------------------------------------------------------------
