@@ -59,16 +59,7 @@ class XnnEncoderGraph(nn.Module):
 
     def backbone_fpn(self, image: torch.Tensor) -> list[torch.Tensor]:
         """As ``Sam2ImageModel.backbone_fpn``: raw FPN levels [1xCx4ex4e, 1xCx2ex2e, 1xCxexe] (model dtype)."""
-        m = self.model
-        trunk, enc = m.image_encoder.trunk, m.image_encoder
-        x = trunk.patch_embed(image.to(m.no_mem_embed.dtype)) + self.pos_embed()  # (1, S/4, S/4, C0)
-        stages = []
-        for i, blk in enumerate(trunk.blocks):
-            x = blk(x)
-            if i in trunk.stage_ends:
-                stages.append(x.permute(0, 3, 1, 2))  # (1, C_i, H_i, W_i)
-        feats = enc.neck(stages)
-        return feats[: len(feats) - enc.scalp]
+        return self.model.backbone_fpn(image.to(self.model.no_mem_embed.dtype), pos_embed=self.pos_embed())
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.model
@@ -112,9 +103,7 @@ class XnnDecoderGraph(nn.Module):
         masks, iou, obj = dec(
             image_embed.to(dt), self.image_pe().to(dt), sparse, dense, feat_s0.to(dt), feat_s1.to(dt), valid
         )
-        m3, i3 = dec.multimask(masks, iou)
-        m1, i1 = dec.single_mask(masks, iou)
-        return m3.float(), i3.float(), m1.float(), i1.float(), obj.float()
+        return tuple(t.float() for t in m.answers(masks, iou, obj))
 
 
 def encoder_inputs(cfg) -> tuple[torch.Tensor]:

@@ -35,6 +35,7 @@ from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime import onnx_backend as ob
 from sam2edge.runtime.preprocess import MEAN, STD
+from sam2edge.runtime.prompts import prompt_layout
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively
@@ -78,8 +79,7 @@ class HalfPointDecoderGraph(nn.Module):
         dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense  # (1, C, e, e)
         feats = (image_embeddings.half(), feat_s0.half(), feat_s1.half())
         masks, iou, obj = (o.float() for o in self.fp16.decode(*feats, sparse.half(), dense.half(), valid))
-        dec = self.fp16.sam_mask_decoder  # answer selection in fp32: stability counts must be exact
-        return (*dec.multimask(masks, iou), *dec.single_mask(masks, iou), obj)
+        return self.fp16.answers(masks, iou, obj)  # answer selection in fp32: stability counts must be exact
 
 
 GRAPHS = {"fp32": (EncoderGraph, PointDecoderGraph), "fp16": (HalfEncoderGraph, HalfPointDecoderGraph)}
@@ -183,16 +183,16 @@ def _prompts(cfg: Sam2Config) -> list[tuple[np.ndarray, np.ndarray, np.ndarray |
     rng = np.random.default_rng(0)
     pts = rng.uniform(0.1 * s, 0.9 * s, size=(4, 2)).astype(np.float32)
     box = np.array([[0.2 * s, 0.25 * s], [0.7 * s, 0.8 * s]], np.float32)
-    pad = np.zeros((1, 2), np.float32)
     mask = (rng.standard_normal((1, 1, side, side)) * 4).astype(np.float32)
-    rows = [
-        (np.concatenate([pts[:1], pad]), [1, -1], None),
-        (np.concatenate([pts[:2], pad]), [1, 0, -1], None),
-        (np.concatenate([box, pad]), [2, 3, -1], None),
-        (np.concatenate([box, pts[2:3], pad]), [2, 3, 1, -1], None),
-        (np.concatenate([pts[3:4], pad]), [1, -1], mask),
+    rows = [  # (box, points, labels, mask input)
+        (None, pts[:1], [1], None),
+        (None, pts[:2], [1, 0], None),
+        (box, None, None, None),
+        (box, pts[2:3], [1], None),
+        (None, pts[3:4], [1], mask),
     ]
-    return [(c[None], np.array([lab], np.float32), m) for c, lab, m in rows]
+    ones = np.ones(2, np.float32)  # already model-input pixels
+    return [(*prompt_layout(b, p, lab, ones, 1.0), m) for b, p, lab, m in rows]
 
 
 def _worst(rows: list[dict]) -> dict[str, float]:

@@ -30,13 +30,6 @@ class EncoderGraph(nn.Module):
         return self.model.encode_image(image)
 
 
-def _answers(model: Sam2ImageModel, masks: torch.Tensor, iou: torch.Tensor, obj: torch.Tensor):
-    dec = model.sam_mask_decoder
-    m3, i3 = dec.multimask(masks, iou)
-    m1, i1 = dec.single_mask(masks, iou)
-    return m3, i3, m1, i1, obj
-
-
 class TokenDecoderGraph(nn.Module):
     """Decoder fed host-encoded prompts (LiteRT contract).
 
@@ -50,7 +43,7 @@ class TokenDecoderGraph(nn.Module):
 
     def forward(self, image_embeddings, feat_s0, feat_s1, sparse_prompt, sparse_valid, dense_prompt):
         out = self.model.decode(image_embeddings, feat_s0, feat_s1, sparse_prompt, dense_prompt, sparse_valid)
-        return _answers(self.model, *out)
+        return self.model.answers(*out)
 
 
 class MaskEncoderGraph(nn.Module):
@@ -83,4 +76,4 @@ class PointDecoderGraph(nn.Module):
         has = has_mask_input.reshape(1, 1, 1, 1)
         dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense
         out = self.model.decode(image_embeddings, feat_s0, feat_s1, sparse, dense, valid)
-        return _answers(self.model, *out)
+        return self.model.answers(*out)

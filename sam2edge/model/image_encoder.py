@@ -156,8 +156,10 @@ class Hiera(nn.Module):
         pe = pe + win.tile(1, 1, g // win.shape[2], g // win.shape[3])
         self.pos_embed_baked = pe.permute(0, 2, 3, 1).contiguous()  # (1, g, g, C)
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        x = self.patch_embed(x) + self.pos_embed_baked  # (B, S/4, S/4, C)
+    def forward(self, x: torch.Tensor, pos_embed: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """``pos_embed`` (1, S/4, S/4, C): a caller's own (e.g. recomputed in an exported graph) instead of
+        the baked one."""
+        x = self.patch_embed(x) + (self.pos_embed_baked if pos_embed is None else pos_embed)  # (B, S/4, S/4, C)
         outs = []
         for i, blk in enumerate(self.blocks):
             x = blk(x)
@@ -208,8 +210,8 @@ class ImageEncoder(nn.Module):
         self.neck = FpnNeck(cfg)
         self.scalp = cfg.scalp
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        feats = self.neck(self.trunk(x))
+    def forward(self, x: torch.Tensor, pos_embed: torch.Tensor | None = None) -> list[torch.Tensor]:
+        feats = self.neck(self.trunk(x, pos_embed))
         return feats[: len(feats) - self.scalp]
 
 

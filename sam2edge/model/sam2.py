@@ -31,9 +31,10 @@ class Sam2ImageModel(nn.Module):
         self.sam_mask_decoder = MaskDecoder(cfg, rw)
         self.no_mem_embed = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
 
-    def backbone_fpn(self, image: torch.Tensor) -> list[torch.Tensor]:
-        """Raw FPN levels after scalp, high-res first: [BxCx4ex4e, BxCx2ex2e, BxCxexe]."""
-        return self.image_encoder(image)
+    def backbone_fpn(self, image: torch.Tensor, pos_embed: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Raw FPN levels after scalp, high-res first: [BxCx4ex4e, BxCx2ex2e, BxCxexe]. ``pos_embed``: see
+        ``Hiera.forward``."""
+        return self.image_encoder(image, pos_embed)
 
     def encode_image(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decoder-ready features (image_embed, feat_s0, feat_s1); see module docstring for shapes."""
@@ -53,6 +54,12 @@ class Sam2ImageModel(nn.Module):
         """All four mask tokens: (masks Bx4x4ex4e logits, iou Bx4, object_score_logits Bx1)."""
         pe = self.sam_prompt_encoder.image_pe
         return self.sam_mask_decoder(image_embed, pe, sparse, dense, feat_s0, feat_s1, sparse_valid)
+
+    def answers(self, masks: torch.Tensor, iou: torch.Tensor, obj: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """THE answer of every graph and backend, from ``decode``'s four tokens: (multimask masks Bx3x4ex4e,
+        their iou Bx3, single-mask (SAM 2.1 dynamic) Bx1x4ex4e, its iou Bx1, object_score Bx1)."""
+        dec = self.sam_mask_decoder
+        return (*dec.multimask(masks, iou), *dec.single_mask(masks, iou), obj)
 
     def forward(
         self, image: torch.Tensor, coords: torch.Tensor, labels: torch.Tensor, multimask_output: bool = True

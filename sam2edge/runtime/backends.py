@@ -85,11 +85,7 @@ class EagerBackend:
             pe.no_mask_dense if mask_input is None else pe.embed_mask(torch.as_tensor(mask_input, dtype=torch.float32))
         )
         f = [torch.from_numpy(a) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
-        masks, iou, obj = self.model.decode(*f, sparse, dense)
-        dec = self.model.sam_mask_decoder
-        m3, i3 = dec.multimask(masks, iou)
-        m1, i1 = dec.single_mask(masks, iou)
-        return Decoded(m3.numpy(), i3.numpy(), m1.numpy(), i1.numpy(), obj.numpy())
+        return Decoded(*(t.numpy() for t in self.model.answers(*self.model.decode(*f, sparse, dense))))
 
 
 class _Backends(Mapping):

@@ -99,20 +99,10 @@ def _synthetic_context(d_model: int, size: int) -> tuple[Callable[[np.ndarray], 
 
 def prompt_tokens(p: Prompt, hw: tuple[int, int], size: int, tables: dict, slots: int) -> tuple[np.ndarray, np.ndarray]:
     """A click (original pixels) -> (sparse_prompt 1xKxC, sparse_valid 1xK) in the predictor's layout."""
-    from sam2edge.runtime.prompts import encode_points
+    from sam2edge.runtime.prompts import encode_points, prompt_layout
 
-    h, w = hw
-    scale = np.array([size / w, size / h], np.float32)
-    coords, labels = [], []
-    if p.box is not None:
-        coords += [p.box[:2] * scale, p.box[2:] * scale]
-        labels += [2, 3]
-    if p.point_coords is not None:
-        coords += list(np.asarray(p.point_coords, np.float32) * scale)
-        labels += list(np.asarray(p.point_labels).astype(int))
-    coords.append(np.zeros(2, np.float32))  # the pad point upstream always appends
-    labels.append(-1)
-    return encode_points(np.stack(coords), np.array(labels), tables, size, slots)
+    coords, labels = prompt_layout(p.box, p.point_coords, p.point_labels, np.array([hw[1], hw[0]], np.float32), size)
+    return encode_points(coords[0], labels[0], tables, size, slots)
 
 
 def decoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
