@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
-from sam2edge.targets import TARGETS, get_target, resolve
+from sam2edge.targets import TARGETS, resolve
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -53,11 +53,11 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = get_target(args.target)
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
-    from sam2edge.export.pipeline import guard_out, run_export
+    from sam2edge.export.pipeline import check_request, guard_out, run_export
 
+    target = check_request(args.target, args.precision)
     guard_out(args.out, (args.checkpoint,))  # before any import of a converter or weights
     if not args.checkpoint:
         print("WARNING: no --checkpoint given; exporting the deterministic SYNTHETIC checkpoint", file=sys.stderr)

@@ -123,6 +123,16 @@ def guard_out(out: str | Path, inputs: tuple[str | Path | None, ...] = ()) -> Pa
     return out
 
 
+def check_request(target: str, precision: str) -> Target:
+    """The registry entry of ``target`` if it offers ``precision``; else one line naming what it offers."""
+    entry = get_target(target)
+    if precision not in entry.precisions:
+        *head, last = entry.precisions
+        offers = f"{', '.join(head)} or {last}" if head else last
+        raise UserError(f"{entry.title} export offers --precision {offers}, not {precision!r}")
+    return entry
+
+
 def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
     ref = EagerBackend.from_state_dict(job.sd, job.cfg, UPSTREAM)
     if spec.measure is not None:
@@ -177,9 +187,7 @@ def run_export(
     such as LiteRT's ``num_tokens``)."""
     from sam2edge.weights import load_weights
 
-    entry = get_target(target)
-    if precision not in entry.precisions:
-        raise UserError(f"{entry.title} export offers --precision {', '.join(entry.precisions)}, not {precision!r}")
+    entry = check_request(target, precision)
     out = guard_out(out, (checkpoint,))
     spec: TargetSpec = resolve(entry.converter)
     cfg = spec.config(get_config(config_name), resolution)
