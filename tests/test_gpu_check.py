@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from sam2edge.checks import gpu_check
+from sam2edge.checks.gpu import check as gpu_check
 from sam2edge.checks.gpu.check import check_file, parse_delegate_log, run_on, verdict_of
 from sam2edge.checks.gpu.feeds import Feeds
 from sam2edge.checks.gpu.report import format_report
