@@ -32,6 +32,12 @@ class Progress:
     def close(self) -> None:
         self.bar.close()
 
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:  # closed before an error is reported, so the error line comes last
+        self.close()
+
 
 class Stages:
     """A bar over the named stages of a job; ``next(name)`` starts a stage (and finishes the previous)."""

@@ -35,11 +35,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--record needs an export bundle folder (with card.json); {args.target} is not one")
     vulkan_icd()  # fail early, with the install hint, before any work
     reports = []
-    bar = Progress("GPU check (software Vulkan; GPU and CPU runs)", len(files), unit="file")
-    for f in files:
-        bar.bar.set_postfix_str(f.name)
-        reports.append(check_file(f, clicks=args.clicks, timeout=args.timeout))
-        bar.step()
+    with Progress("GPU check (software Vulkan; GPU and CPU runs)", len(files), unit="file") as bar:
+        for f in files:
+            bar.bar.set_postfix_str(f.name)
+            reports.append(check_file(f, clicks=args.clicks, timeout=args.timeout))
+            bar.step()
     device = next((r.residency.device for r in reports if r.residency.device), "")
     env = environment(device)
     if args.json:

@@ -206,15 +206,15 @@ def warm_up(s: Subject, warmup: int, clicks: int) -> None:
 
 def time_rounds(subjects: list[Subject], runs: int) -> None:
     """``runs`` timed rounds, every subject once per round, order rotated each round."""
-    bar = Progress("bench: timed rounds", runs * len(subjects))
-    for r in range(runs):
-        k = r % len(subjects)
-        for s in subjects[k:] + subjects[:k]:
-            enc, decs = _round(s)
-            s.encoder_ms.append(enc)
-            s.decoder_ms.extend(decs)
-            s.first_click_ms.append(enc + decs[0])
-            bar.step(note=s.label)
+    with Progress("bench: timed rounds", runs * len(subjects), unit="round") as bar:
+        for r in range(runs):
+            k = r % len(subjects)
+            for s in subjects[k:] + subjects[:k]:
+                enc, decs = _round(s)
+                s.encoder_ms.append(enc)
+                s.decoder_ms.extend(decs)
+                s.first_click_ms.append(enc + decs[0])
+                bar.step(note=s.label)
 
 
 def model_flops(cfg: Sam2Config) -> dict[str, float]:

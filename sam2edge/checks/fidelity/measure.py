@@ -79,14 +79,9 @@ def _decode_runs(ref, test, rf: Features, coords, labels, with_mask: bool) -> li
     return runs
 
 
-def compare_outputs(ref, test, prompts: list[Prompt], mask_encoder: tuple | None = None) -> dict[str, dict]:
-    """Per-output comparison (all samples stacked) of ``test`` vs ``ref`` over ``prompts`` (see module doc).
-    ``mask_encoder``: (test fn mask -> dense, reference fn mask -> dense) to compare a mask-encoder graph."""
-    by_photo: dict[str, list[Prompt]] = defaultdict(list)
-    for p in prompts:
-        by_photo[p.photo].append(p)
-    t_out, r_out = defaultdict(list), defaultdict(list)
-    bar = Progress("fidelity: outputs", len(by_photo) + len(prompts), unit="sample")
+def _collect(ref, test, by_photo: dict, mask_encoder, outs: tuple[dict, dict], bar: Progress) -> None:
+    """Append every sample of every output (test, reference) into ``outs`` (see ``compare_outputs``)."""
+    t_out, r_out = outs
     for name, group in by_photo.items():
         img = photo(name)
         x = preprocess(img, ref.cfg.image_size).numpy()  # 1x3xSxS
@@ -105,6 +100,17 @@ def compare_outputs(ref, test, prompts: list[Prompt], mask_encoder: tuple | None
                     t_out["mask_encoder.dense_prompt"].append(mask_encoder[0](mask))
                     r_out["mask_encoder.dense_prompt"].append(mask_encoder[1](mask))
             bar.step(note=p.kind)
+
+
+def compare_outputs(ref, test, prompts: list[Prompt], mask_encoder: tuple | None = None) -> dict[str, dict]:
+    """Per-output comparison (all samples stacked) of ``test`` vs ``ref`` over ``prompts`` (see module doc).
+    ``mask_encoder``: (test fn mask -> dense, reference fn mask -> dense) to compare a mask-encoder graph."""
+    by_photo: dict[str, list[Prompt]] = defaultdict(list)
+    for p in prompts:
+        by_photo[p.photo].append(p)
+    t_out, r_out = defaultdict(list), defaultdict(list)
+    with Progress("fidelity: outputs", len(by_photo) + len(prompts), unit="sample") as bar:
+        _collect(ref, test, by_photo, mask_encoder, (t_out, r_out), bar)
     return {k: _stack_compare(t_out[k], r_out[k]) for k in t_out}
 
 
@@ -136,13 +142,13 @@ def measure_backend(
         (test.backend.encode_mask, _eager_mask_encoder(ref)) if hasattr(test.backend, "encode_mask") else None
     )
     outputs = compare_outputs(ref, test, prompts, mask_encoder)
-    e2e_bar = Progress("fidelity: end-to-end clicks", len(prompts), unit="click")
-    e2e = end_to_end(
-        Sam2Predictor(ref, provenance[0]),
-        Sam2Predictor(test, provenance[1]),
-        prompts,
-        lambda i, n: e2e_bar.step(),
-    )
+    with Progress("fidelity: end-to-end clicks", len(prompts), unit="click") as e2e_bar:
+        e2e = end_to_end(
+            Sam2Predictor(ref, provenance[0]),
+            Sam2Predictor(test, provenance[1]),
+            prompts,
+            lambda i, n: e2e_bar.step(),
+        )
     active = bars_for(precision, bars)
     failures = check_bars(outputs, e2e, active)
     return {
