@@ -208,3 +208,18 @@ def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
         io = list(m.graph.input) + list(m.graph.output)
         assert all(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in io)
     assert (out / "encoder.onnx").stat().st_size < 0.6 * (bundle / "encoder.onnx").stat().st_size
+
+
+def test_card_resolution_disagreeing_with_the_graph_is_one_line(bundle, tmp_path, capsys):
+    """card.json says 512 but encoder.onnx takes 256x256: refused at load, one line naming both (issue 14)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    card = json.loads((bad / "card.json").read_text())
+    card["resolution"] = 512
+    (bad / "card.json").write_text(json.dumps(card))
+    with pytest.raises(UserError, match="says resolution 512.*256x256"):
+        ob.OnnxBackend.from_bundle(bad)
+    out = ["--out", str(tmp_path / "m.png"), "--overlay", str(tmp_path / "o.png")]
+    assert main(["segment", "sample:astronaut.png", "--point", "10,10", "--model", str(bad), *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "resolution" in err
