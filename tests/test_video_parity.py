@@ -1,0 +1,91 @@
+"""Sam2VideoPredictor vs upstream SAM2VideoPredictor: identical perturbed weights, a drifting-window clip
+of a real photo, three objects (a click, a box, a mask on a later frame), a correction on a tracked frame,
+forward then reverse propagation. Per frame and object: mask IoU >= 0.999, logits cosine >= 0.9999.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sam2edge.config import HIERA_TINY, TEST_SMALL, VIDEO_TEST_SMALL, VIDEO_TINY
+from sam2edge.runtime.video_backend import EagerVideoBackend
+from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.weights.load import expected_shapes, to_sam2edge
+from sam2edge.weights.video import map_video_tensors
+from tests.video_oracles import drifting_clip, upstream_video_predictor
+
+IOU_MIN, COS_MIN = 0.999, 0.9999
+
+
+def _ours_from(upstream, cfg, vcfg) -> Sam2VideoPredictor:
+    """Our predictor with upstream's weights, through the Meta key map (identity names)."""
+    sd = {k: v.detach().clone() for k, v in upstream.state_dict().items()}
+    mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
+    mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
+    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg))
+
+
+def _session(pred, folder, w, h, n):
+    """The scripted session; returns [(step, frame, obj_ids, masks (N, 1, H, W))]."""
+    out = []
+    state = pred.init_state(video_path=str(folder))
+    record = lambda step, r: out.append((step, r[0], list(r[1]), torch.as_tensor(r[2]).float().clone()))  # noqa: E731
+    with torch.inference_mode():
+        record("click", pred.add_new_points_or_box(state, 0, 1, points=[[0.45 * w, 0.4 * h]], labels=[1]))
+        record("box", pred.add_new_points_or_box(state, 0, 2, box=[0.1 * w, 0.5 * h, 0.5 * w, 0.95 * h]))
+        mask = np.zeros((h, w), bool)
+        mask[int(0.1 * h) : int(0.45 * h), int(0.55 * w) : int(0.9 * w)] = True
+        record("mask", pred.add_new_mask(state, 2, 3, mask))
+        for r in pred.propagate_in_video(state):
+            record("forward", r)
+        pts, labels = [[0.3 * w, 0.5 * h], [0.6 * w, 0.3 * h]], [1, 0]
+        record("correct", pred.add_new_points_or_box(state, 4, 1, points=pts, labels=labels))
+        for r in pred.propagate_in_video(state, start_frame_idx=4, max_frame_num_to_track=n):
+            record("forward2", r)
+        for r in pred.propagate_in_video(state, start_frame_idx=n - 1, reverse=True):
+            record("reverse", r)
+    return out
+
+
+def _compare(ours, theirs) -> list[tuple[str, int, int, float, float]]:
+    assert [(s, f, ids) for s, f, ids, _ in ours] == [(s, f, ids) for s, f, ids, _ in theirs]
+    rows = []
+    for (step, f, ids, a), (_, _, _, b) in zip(ours, theirs):
+        assert a.shape == b.shape
+        for i, obj in enumerate(ids):
+            ma, mb = a[i, 0] > 0, b[i, 0] > 0
+            union = (ma | mb).sum().item()
+            iou = 1.0 if union == 0 else (ma & mb).sum().item() / union
+            cos = torch.nn.functional.cosine_similarity(a[i].flatten(), b[i].flatten(), dim=0).item()
+            rows.append((step, f, obj, iou, cos))
+    return rows
+
+
+def _run(tmp_path, cfg, vcfg, n, size, official_yaml):
+    w, h = size
+    drifting_clip(tmp_path / "clip", n, size)
+    upstream = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=official_yaml)
+    ours = _ours_from(upstream, cfg, vcfg)
+    rows = _compare(_session(ours, tmp_path / "clip", w, h, n), _session(upstream, tmp_path / "clip", w, h, n))
+    fg = [r for r in rows]
+    worst_iou = min(r[3] for r in fg)
+    worst_cos = min(r[4] for r in fg)
+    bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
+    assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
+    assert len({r[1] for r in rows if r[0] == "reverse"}) == n
+    return worst_iou, worst_cos
+
+
+def test_video_parity_small(tmp_path):
+    """test-small widths (upstream built from the same Sam2Config), 6 frames of 200x150."""
+    worst_iou, worst_cos = _run(tmp_path, TEST_SMALL, VIDEO_TEST_SMALL, 6, (200, 150), official_yaml=False)
+    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}")
+
+
+@pytest.mark.slow
+def test_video_parity_full(tmp_path):
+    """Hiera-Tiny at 1024 from upstream's official yaml, 8 frames of 320x240."""
+    worst_iou, worst_cos = _run(tmp_path, HIERA_TINY, VIDEO_TINY, 8, (320, 240), official_yaml=True)
+    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}")
