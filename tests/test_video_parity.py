@@ -17,6 +17,7 @@ from sam2edge.weights.video import map_video_tensors
 from tests.video_oracles import drifting_clip, upstream_video_predictor
 
 IOU_MIN, COS_MIN = 0.999, 0.9999
+STAGE_COS_MIN = 0.99999  # per call of the memory attention / memory encoder (fp32 vs fp32)
 
 
 def _ours_from(upstream, cfg, vcfg) -> Sam2VideoPredictor:
@@ -63,29 +64,55 @@ def _compare(ours, theirs) -> list[tuple[str, int, int, float, float]]:
     return rows
 
 
+def _capture(module: torch.nn.Module, seq_first: bool) -> list[torch.Tensor]:
+    """Record every output of ``module`` as (tokens, channels) / flattened features, in call order."""
+    seen: list[torch.Tensor] = []
+
+    def hook(_m, _args, out):
+        out = out["vision_features"] if isinstance(out, dict) else out
+        seen.append((out.transpose(0, 1) if seq_first else out).detach().flatten().clone())
+
+    module.register_forward_hook(hook)
+    return seen
+
+
+def _stage_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    assert len(a) == len(b) and a, (len(a), len(b))
+    return min(torch.nn.functional.cosine_similarity(x, y, dim=0).item() for x, y in zip(a, b))
+
+
 def _run(tmp_path, cfg, vcfg, n, size, official_yaml):
     w, h = size
     drifting_clip(tmp_path / "clip", n, size)
     upstream = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=official_yaml)
     ours = _ours_from(upstream, cfg, vcfg)
-    rows = _compare(_session(ours, tmp_path / "clip", w, h, n), _session(upstream, tmp_path / "clip", w, h, n))
-    fg = [r for r in rows]
-    worst_iou = min(r[3] for r in fg)
-    worst_cos = min(r[4] for r in fg)
+    model = ours.backend.model
+    stages = [
+        (_capture(model.memory_attention, False), _capture(upstream.memory_attention, True)),
+        (_capture(model.memory_encoder, False), _capture(upstream.memory_encoder, False)),
+    ]
+    mine = _session(ours, tmp_path / "clip", w, h, n)
+    rows = _compare(mine, _session(upstream, tmp_path / "clip", w, h, n))
     bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
     assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
     assert len({r[1] for r in rows if r[0] == "reverse"}) == n
-    return worst_iou, worst_cos
+    # the masks are not trivial: tracked objects cover part of the frame, not none or all of it
+    fg = [(m[i, 0] > 0).float().mean().item() for step, _, ids, m in mine if step != "mask" for i in range(len(ids))]
+    assert 0.02 < float(np.median(fg)) < 0.98, f"median foreground {np.median(fg)}"
+    # the memory path itself, call by call: memory-conditioned features and every new memory
+    worst = [_stage_cosines(a, b) for a, b in stages]
+    assert min(worst) >= STAGE_COS_MIN, f"memory attention / encoder worst cosines {worst}"
+    return min(r[3] for r in rows), min(r[4] for r in rows), worst
 
 
 def test_video_parity_small(tmp_path):
     """test-small widths (upstream built from the same Sam2Config), 6 frames of 200x150."""
-    worst_iou, worst_cos = _run(tmp_path, TEST_SMALL, VIDEO_TEST_SMALL, 6, (200, 150), official_yaml=False)
-    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}")
+    worst_iou, worst_cos, stages = _run(tmp_path, TEST_SMALL, VIDEO_TEST_SMALL, 6, (200, 150), official_yaml=False)
+    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
 
 
 @pytest.mark.slow
 def test_video_parity_full(tmp_path):
     """Hiera-Tiny at 1024 from upstream's official yaml, 8 frames of 320x240."""
-    worst_iou, worst_cos = _run(tmp_path, HIERA_TINY, VIDEO_TINY, 8, (320, 240), official_yaml=True)
-    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}")
+    worst_iou, worst_cos, stages = _run(tmp_path, HIERA_TINY, VIDEO_TINY, 8, (320, 240), official_yaml=True)
+    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
