@@ -124,14 +124,14 @@ def overlay_frame(frame: np.ndarray, labels: np.ndarray, alpha: float = 0.5) -> 
     return np.clip(out + 0.5, 0, 255).astype(np.uint8)
 
 
-def open_writer(path: Path, width: int, height: int, fps: float):
-    """(container, stream) for an overlay video; H.264 for .mp4 where the encoder exists, else VP9 .webm."""
+def open_writer(path: Path, suffix: str, width: int, height: int, fps: float):
+    """(container, stream) writing ``path`` as a ``suffix`` (.mp4: H.264, .webm: VP9) video."""
     import av
 
-    encoders = ENCODERS.get(path.suffix.lower())
+    encoders = ENCODERS.get(suffix.lower())
     if encoders is None:
-        raise VideoError(f"overlay {path.name}: unsupported suffix; use .mp4 or .webm")
-    container = av.open(str(path), mode="w", format=path.suffix.lower().lstrip("."))
+        raise VideoError(f"overlay suffix {suffix!r} is not supported; use .mp4 or .webm")
+    container = av.open(str(path), mode="w", format=suffix.lower().lstrip("."))
     for name in encoders:
         try:
             stream = container.add_stream(name, rate=round(fps) or 24)
@@ -141,7 +141,7 @@ def open_writer(path: Path, width: int, height: int, fps: float):
         stream.pix_fmt = "yuv420p"
         return container, stream
     container.close()
-    raise VideoError(f"this FFmpeg build has none of {encoders} for {path.name}; write a .webm overlay instead")
+    raise VideoError(f"this FFmpeg build has none of {encoders} for {suffix} video; write a .webm overlay instead")
 
 
 def write_frame(container, stream, rgb: np.ndarray) -> None:
