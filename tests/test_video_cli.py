@@ -29,16 +29,16 @@ def clip(tmp_path_factory) -> Path:
 
 
 def _track(clip: Path, *extra: str) -> int:
-    return main(["track", str(clip / "clip"), "--config", "test-small", "--checkpoint", str(clip / "lifted.pt"), *extra])
+    ckpt = str(clip / "lifted.pt")
+    return main(["track", str(clip / "clip"), "--config", "test-small", "--checkpoint", ckpt, *extra])
 
 
 def test_track_writes_masks_and_overlay(clip, tmp_path, capsys):
     out, overlay = tmp_path / "masks", tmp_path / "overlay.mp4"
     rc = _track(clip, "--point", "2:90,60", "--box", "2:20,75,100,140@2", "--reverse", "--out", str(out))
     assert rc == 0
-    rc = _track(
-        clip, "--point", "1:90,60", "--box", "1:20,75,100,140@2", "--out", str(tmp_path / "m2"), "--overlay", str(overlay)
-    )
+    prompts = ["--point", "1:90,60", "--box", "1:20,75,100,140@2"]
+    rc = _track(clip, *prompts, "--out", str(tmp_path / "m2"), "--overlay", str(overlay))
     assert rc == 0
     pngs = sorted(out.iterdir())
     assert [p.name for p in pngs] == [f"{i:05d}.png" for i in range(N)]
