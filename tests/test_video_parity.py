@@ -116,3 +116,64 @@ def test_video_parity_full(tmp_path):
     """Hiera-Tiny at 1024 from upstream's official yaml, 8 frames of 320x240."""
     worst_iou, worst_cos, stages = _run(tmp_path, HIERA_TINY, VIDEO_TINY, 8, (320, 240), official_yaml=True)
     print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
+
+
+def _api_session(pred, folder, w, h):
+    """remove_object, clear_all_prompts_in_frame, reset_state and a box + points prompt, step by step."""
+    out = []
+
+    def record(step, frame, ids, masks):
+        out.append((step, frame, list(ids), torch.as_tensor(masks).float().clone()))
+
+    with torch.inference_mode():
+        state = pred.init_state(video_path=str(folder))
+        record("click", *pred.add_new_points_or_box(state, 0, 1, points=[[0.4 * w, 0.4 * h]], labels=[1]))
+        box, pts = [0.1 * w, 0.5 * h, 0.5 * w, 0.95 * h], [[0.3 * w, 0.7 * h], [0.45 * w, 0.9 * h]]
+        record("box+points", *pred.add_new_points_or_box(state, 0, 5, points=pts, labels=[1, 0], box=box))
+        record("more", *pred.add_new_points_or_box(state, 1, 7, points=[[0.7 * w, 0.3 * h]], labels=[1]))
+        extra = pred.add_new_points_or_box(state, 1, 7, points=[[0.8 * w, 0.2 * h]], labels=[0], clear_old_points=False)
+        record("append", *extra)
+        ids, updated = pred.remove_object(state, 5)
+        for f, masks in updated:
+            record("removed", f, ids, masks)
+        record("cleared", *pred.clear_all_prompts_in_frame(state, 1, 7))
+        record("again", *pred.add_new_points_or_box(state, 2, 7, points=[[0.6 * w, 0.4 * h]], labels=[1]))
+        for r in pred.propagate_in_video(state, max_frame_num_to_track=3):
+            record("forward", *r)
+        pred.reset_state(state)
+        record("after reset", *pred.add_new_points_or_box(state, 3, 2, box=box))
+        for r in pred.propagate_in_video(state, reverse=True):
+            record("reverse", *r)
+    return out
+
+
+def test_video_api_parity_small(tmp_path):
+    """The rest of upstream's API (remove, clear, reset, box + points, appended points) gives upstream's masks."""
+    w, h = 200, 150
+    drifting_clip(tmp_path / "clip", 5, (w, h))
+    upstream = upstream_video_predictor(TEST_SMALL, VIDEO_TEST_SMALL, seed=1)
+    ours = _ours_from(upstream, TEST_SMALL, VIDEO_TEST_SMALL)
+    rows = _compare(_api_session(ours, tmp_path / "clip", w, h), _api_session(upstream, tmp_path / "clip", w, h))
+    bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
+    assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
+    assert {"removed", "cleared", "forward", "reverse"} <= {r[0] for r in rows}
+
+
+def test_init_state_reads_a_video_file(tmp_path):
+    """An .mp4 written by PyAV reads back with its frame count and size (upstream reads mp4 with decord)."""
+    from sam2edge.runtime.video_io import close_writer, open_writer, write_frame
+
+    frames = drifting_clip(tmp_path / "clip", 4, (200, 150))
+    container, stream = open_writer(tmp_path / "clip.mp4", ".mp4", 200, 150, 10)
+    for f in frames:
+        write_frame(container, stream, f)
+    close_writer(container, stream)
+    pred = Sam2VideoPredictor(EagerVideoBackend.from_state_dict(_small_sd(), TEST_SMALL, VIDEO_TEST_SMALL))
+    state = pred.init_state(video_path=str(tmp_path / "clip.mp4"))
+    assert state["num_frames"] == 4 and (state["video_height"], state["video_width"]) == (150, 200)
+
+
+def _small_sd():
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    return synthetic_video_state_dict(TEST_SMALL, VIDEO_TEST_SMALL)

@@ -77,8 +77,17 @@ class Sam2VideoPredictor:
         return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov)
 
     # ---- state --------------------------------------------------------------------------
-    def init_state(self, video_path) -> VideoState:
-        """Read a JPEG folder, a video file (PyAV) or a list of HxWx3 uint8 frames."""
+    def init_state(
+        self,
+        video_path,
+        offload_video_to_cpu: bool = False,
+        offload_state_to_cpu: bool = False,
+        async_loading_frames: bool = False,
+    ) -> VideoState:
+        """Read a JPEG folder, a video file (PyAV) or a list of HxWx3 uint8 frames.
+
+        The offload / async flags are upstream's; on the CPU they change nothing and are accepted as no-ops.
+        """
         frames = read_frames(video_path)
         h, w = frames[0].shape[:2]
         s = self.image_size
