@@ -25,7 +25,8 @@ def _ours_from(upstream, cfg, vcfg) -> Sam2VideoPredictor:
     sd = {k: v.detach().clone() for k, v in upstream.state_dict().items()}
     mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
     mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
-    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg))
+    # upstream's hole filling needs its CUDA extension and is skipped on CPU: compare with it off
+    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg), fill_hole_area=0)
 
 
 def _session(pred, folder, w, h, n):
@@ -177,3 +178,45 @@ def _small_sd():
     from sam2edge.weights.video import synthetic_video_state_dict
 
     return synthetic_video_state_dict(TEST_SMALL, VIDEO_TEST_SMALL)
+
+
+def _components_by_flood_fill(mask: torch.Tensor):
+    """Test stand-in for upstream's CUDA ``get_connected_components`` (8-connected): plain BFS."""
+    m = mask.to(torch.bool).numpy()
+    labels, areas = np.zeros(m.shape, np.int32), np.zeros(m.shape, np.int32)
+    for n in range(m.shape[0]):
+        seen, next_label = np.zeros(m.shape[2:], bool), 0
+        for y0, x0 in zip(*np.nonzero(m[n, 0])):
+            if seen[y0, x0]:
+                continue
+            next_label += 1
+            todo, comp = [(y0, x0)], []
+            seen[y0, x0] = True
+            while todo:
+                y, x = todo.pop()
+                comp.append((y, x))
+                for dy in (-1, 0, 1):
+                    for dx in (-1, 0, 1):
+                        v, u = y + dy, x + dx
+                        if 0 <= v < m.shape[2] and 0 <= u < m.shape[3] and m[n, 0, v, u] and not seen[v, u]:
+                            seen[v, u] = True
+                            todo.append((v, u))
+            for y, x in comp:
+                labels[n, 0, y, x], areas[n, 0, y, x] = next_label, len(comp)
+    return torch.from_numpy(labels), torch.from_numpy(areas)
+
+
+def test_fill_holes_matches_upstream(monkeypatch):
+    """Our host hole filling == upstream's fill_holes_in_mask_scores (its CUDA components replaced by BFS)."""
+    import sam2.utils.misc as misc
+
+    from sam2edge.runtime.video_predictor import fill_holes
+
+    monkeypatch.setattr(misc, "get_connected_components", _components_by_flood_fill)
+    g = torch.Generator().manual_seed(0)
+    masks = torch.randn(3, 1, 24, 24, generator=g) + 0.8  # mostly foreground with small background islands
+    for area in (1, 3, 8):
+        ref = misc.fill_holes_in_mask_scores(masks, area)
+        got = fill_holes(masks.numpy(), area)
+        assert np.array_equal(got, ref.numpy()), area
+        assert not np.array_equal(got, masks.numpy())

@@ -26,6 +26,15 @@ class VideoError(UserError):
     """A video that cannot be read or written; the message names the problem and the fix."""
 
 
+def _av():
+    """PyAV (the ``video`` extra), or a one-line UserError naming the install."""
+    try:
+        import av
+    except ImportError:
+        raise VideoError("video files need PyAV: pip install 'sam2edge[video]' (or pip install av)") from None
+    return av
+
+
 def jpeg_frame_paths(folder: Path) -> list[Path]:
     """``<int>.jpg`` files of a folder, in frame order (upstream's naming rule)."""
     paths = [p for p in folder.iterdir() if p.suffix in JPEG_SUFFIXES]
@@ -41,8 +50,7 @@ def jpeg_frame_paths(folder: Path) -> list[Path]:
 
 
 def _decode_file(path: Path) -> Iterator[np.ndarray]:
-    import av
-
+    av = _av()
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
@@ -84,9 +92,7 @@ def video_fps(video: str | Path) -> float:
     path = Path(video) if isinstance(video, (str, Path)) else None
     if path is None or not path.is_file():
         return 24.0
-    import av
-
-    with av.open(str(path)) as container:
+    with _av().open(str(path)) as container:
         rate = container.streams.video[0].average_rate
     return float(rate) if rate else 24.0
 
@@ -126,8 +132,7 @@ def overlay_frame(frame: np.ndarray, labels: np.ndarray, alpha: float = 0.5) -> 
 
 def open_writer(path: Path, suffix: str, width: int, height: int, fps: float):
     """(container, stream) writing ``path`` as a ``suffix`` (.mp4: H.264, .webm: VP9) video."""
-    import av
-
+    av = _av()
     encoders = ENCODERS.get(suffix.lower())
     if encoders is None:
         raise VideoError(f"overlay suffix {suffix!r} is not supported; use .mp4 or .webm")
@@ -145,8 +150,7 @@ def open_writer(path: Path, suffix: str, width: int, height: int, fps: float):
 
 
 def write_frame(container, stream, rgb: np.ndarray) -> None:
-    import av
-
+    av = _av()
     h, w = stream.height, stream.width
     if rgb.shape[:2] != (h, w):
         rgb = np.pad(rgb, ((0, h - rgb.shape[0]), (0, w - rgb.shape[1]), (0, 0)), mode="edge")

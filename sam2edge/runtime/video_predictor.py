@@ -6,8 +6,9 @@ Coordinate frames: ``points`` Nx2 (X, Y) and ``box`` XYXY are in video pixels
 ``> 0`` is the mask. Objects are tracked one at a time (batch 1), as upstream does.
 
 Differences from upstream, all documented: frames are held as uint8 at model resolution and
-normalised when encoded; the memory graph has fixed slots (``memory_bank``); upstream's
-``fill_hole_area`` step needs its CUDA extension and is skipped on CPU by upstream too, so it is not done.
+normalised when encoded; the memory graph has fixed slots (``memory_bank``). Upstream's
+``fill_hole_area`` post-process (8 in ``build_sam2_video_predictor``) needs its CUDA extension and is
+skipped on CPU by upstream; here it runs on the host (scipy, 8-connected), ``fill_hole_area=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class VideoState:
 
 
 class Sam2VideoPredictor:
-    def __init__(self, backend: VideoBackend, provenance: dict | None = None) -> None:
+    def __init__(self, backend: VideoBackend, provenance: dict | None = None, fill_hole_area: int = 8) -> None:
         self.backend = backend
+        self.fill_hole_area = fill_hole_area  # fill background holes of <= this many low-res pixels (0: off)
         self.cfg: Sam2Config = backend.cfg
         self.vcfg: Sam2VideoConfig = backend.vcfg
         self.image_size = self.cfg.image_size
@@ -68,13 +70,17 @@ class Sam2VideoPredictor:
 
     @classmethod
     def from_checkpoint(
-        cls, path_or_id: str | None = None, cfg: Sam2Config = HIERA_TINY, vcfg: Sam2VideoConfig = VIDEO_TINY
+        cls,
+        path_or_id: str | None = None,
+        cfg: Sam2Config = HIERA_TINY,
+        vcfg: Sam2VideoConfig = VIDEO_TINY,
+        fill_hole_area: int = 8,
     ) -> Sam2VideoPredictor:
         """Eager fp32 predictor from a Meta .pt / HF .safetensors path, a hub id, or None (synthetic)."""
         from sam2edge.weights.video import load_video_weights
 
         sd, prov = load_video_weights(path_or_id, cfg, vcfg)
-        return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov)
+        return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov, fill_hole_area)
 
     # ---- state --------------------------------------------------------------------------
     def init_state(
@@ -307,6 +313,8 @@ class Sam2VideoPredictor:
         if run_mem:
             binarize = points is not None
             out.maskmem = self.backend.encode_memory(feats.vision, out.pred_masks, binarize, out.score)
+        if self.fill_hole_area > 0:  # after the memory encoder, as upstream
+            out.pred_masks = fill_holes(out.pred_masks, self.fill_hole_area)
         return out
 
     def _sam_heads(self, pix: np.ndarray, feats: FrameFeatures, points, prev) -> FrameOutput:
@@ -370,3 +378,17 @@ def stable_single_mask(masks: np.ndarray, iou: np.ndarray, cfg: Sam2Config) -> n
         return single
     k = 1 + int(np.argmax(iou[0, 1:]))
     return masks[:, k : k + 1]
+
+
+def fill_holes(masks: np.ndarray, max_area: int) -> np.ndarray:
+    """Upstream ``fill_holes_in_mask_scores``: background (logit <= 0) components of 8-connected area
+    <= max_area get the logit 0.1. masks (N, 1, h, w) -> same shape."""
+    from scipy import ndimage
+
+    out = masks.copy()
+    for i in range(masks.shape[0]):
+        labels, _ = ndimage.label(masks[i, 0] <= 0, structure=np.ones((3, 3), bool))
+        areas = np.bincount(labels.ravel())
+        hole = (labels > 0) & (areas[labels] <= max_area)
+        out[i, 0][hole] = np.float32(0.1)
+    return out
