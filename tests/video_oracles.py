@@ -143,7 +143,7 @@ def drifting_clip(folder: Path, frames: int, size: tuple[int, int], step: int = 
     for i in range(frames):
         x0, y0 = 20 + step * i, 10 + (step * i) // 2
         crop = np.ascontiguousarray(photo[y0 : y0 + h, x0 : x0 + w])
-        assert crop.shape[:2] == (h, w), f"window {w}x{h} at frame {i} leaves the photo; use fewer frames or a smaller step"
+        assert crop.shape[:2] == (h, w), f"window {w}x{h} leaves the photo at frame {i}; use a smaller step"
         Image.fromarray(crop).save(folder / f"{i:05d}.jpg", quality=95)
         out.append(crop)
     return out
