@@ -90,7 +90,7 @@ def build(cfg, vcfg):
             ("encode_memory", "memory encoder"),
         ):
             timers.wrap(backend, attr, stage)
-        runners[name] = (Sam2VideoPredictor(backend), timers)
+        runners[name] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers)  # upstream skips it on CPU
     return runners
 
 

@@ -153,5 +153,6 @@ def build_sam2_video(
     """Build the video model in eval mode (weights uninitialised until loaded)."""
     if cfg.d_model % vcfg.mem_dim:
         raise ValueError(f"d_model {cfg.d_model} is not a multiple of mem_dim {vcfg.mem_dim}")
-    assert math.log2(vcfg.mask_stride).is_integer()
+    if not math.log2(vcfg.mask_stride).is_integer():
+        raise ValueError(f"mask_stride {vcfg.mask_stride} is not a power of 2")
     return Sam2VideoModel(cfg, vcfg, rewrites or Rewrites()).eval()
