@@ -220,3 +220,51 @@ def test_fill_holes_matches_upstream(monkeypatch):
         got = fill_holes(masks.numpy(), area)
         assert np.array_equal(got, ref.numpy()), area
         assert not np.array_equal(got, masks.numpy())
+
+
+def _bank(upstream, cfg, vcfg, cond: set[int], frames: range, seed: int):
+    """The same random memories for both: upstream's output_dict and our ObjectMemory."""
+    from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory
+
+    g = torch.Generator().manual_seed(seed)
+    e, M, C = cfg.image_embedding_size, vcfg.mem_dim, cfg.d_model
+    pos = upstream.memory_encoder.position_encoding(torch.zeros(1, M, e, e))
+    theirs = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
+    ours = ObjectMemory()
+    for t in frames:
+        feats, ptr = torch.randn(1, M, e, e, generator=g), torch.randn(1, C, generator=g)
+        key = "cond_frame_outputs" if t in cond else "non_cond_frame_outputs"
+        theirs[key][t] = {"maskmem_features": feats, "maskmem_pos_enc": [pos], "obj_ptr": ptr}
+        out = FrameOutput(np.zeros((1, 1, 4 * e, 4 * e), np.float32), ptr.numpy(), np.ones((1, 1), np.float32))
+        out.maskmem = feats.numpy()
+        (ours.cond if t in cond else ours.non_cond)[t] = out
+    return theirs, ours
+
+
+@pytest.mark.parametrize(
+    ("frame_idx", "reverse", "cond"),
+    [(25, False, {0, 22}), (12, True, {22})],  # every spatial (7) and pointer (16 / 15) slot filled
+)
+def test_full_memory_bank_matches_upstream(frame_idx, reverse, cond):
+    """A frame deep into a 40-frame video: upstream's selection and attention == our slots + graph."""
+    from sam2edge.runtime.memory_bank import select_memory
+
+    cfg, vcfg = TEST_SMALL, VIDEO_TEST_SMALL
+    upstream = upstream_video_predictor(cfg, vcfg, seed=2)
+    with torch.no_grad():  # larger temporal encodings (same in both) so that every slot's position shows
+        upstream.obj_ptr_tpos_proj.weight.mul_(30.0)
+        upstream.maskmem_tpos_enc.mul_(30.0)
+    ours = _ours_from(upstream, cfg, vcfg)
+    theirs_bank, ours_bank = _bank(upstream, cfg, vcfg, cond, range(40), seed=5)
+    e, C = cfg.image_embedding_size, cfg.d_model
+    vision = torch.randn(1, C, e, e, generator=torch.Generator().manual_seed(9))
+    pos = ours.backend.model.curr_pos.transpose(0, 1)  # (HW, 1, C), upstream's neck encoding
+    with torch.no_grad():
+        ref = upstream._prepare_memory_conditioned_features(
+            frame_idx, False, [vision.flatten(2).permute(2, 0, 1)], [pos], [(e, e)], theirs_bank, 40, reverse
+        )
+    sel = select_memory(ours_bank, frame_idx, 40, cfg, vcfg, reverse)
+    assert sel.dropped == 0 and len(sel.spatial) == vcfg.memory_slots and len(sel.pointers) >= 15
+    got = torch.from_numpy(ours.backend.memory_attention(vision.numpy(), sel.inputs))
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
+    assert cos >= STAGE_COS_MIN and (got - ref).abs().max() <= 1e-4 * ref.abs().max(), cos
