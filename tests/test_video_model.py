@@ -134,3 +134,21 @@ def test_hf_video_names_cover_transformers_sam2_video_model():
     assert set(mapped) == set(expected)
     used = {video_hf_name(k, 12) for k in expected}
     assert not [k for k in hf if k.startswith(HF_VIDEO_ONLY) and k not in used]
+
+
+def test_memory_bank_overflow_keeps_nearest_conditioning_frames():
+    """More conditioning frames than slots: the farthest give way, counted in ``dropped``."""
+    import numpy as np
+
+    from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
+
+    mem = ObjectMemory()
+    for t in range(12):
+        out = FrameOutput(np.zeros((1, 1, 4 * E, 4 * E), np.float32), np.full((1, C), t, np.float32), np.ones((1, 1)))
+        out.maskmem = np.full((1, M, E, E), t, np.float32)
+        (mem.cond if t % 3 == 0 else mem.non_cond)[t] = out  # conditioning frames 0, 3, 6, 9
+    sel = select_memory(mem, 11, 12, TEST_SMALL, VIDEO_TEST_SMALL, reverse=False)
+    # upstream would attend to 4 conditioning frames + frames 5, 7, 8, 10 (6 and 9 are conditioning): 8 > 7
+    assert sel.dropped == 1 and len(sel.spatial) == 7
+    assert 0 not in sel.spatial and {9, 6, 3, 5, 7, 8, 10} == set(sel.spatial)
+    assert sel.inputs.mem_valid.sum() == 7 and (sel.inputs.mem_feats[:, 0, 0, 0] == sel.spatial).all()
