@@ -247,10 +247,19 @@ def _bank(upstream, cfg, vcfg, cond: set[int], frames: range, seed: int):
 )
 def test_full_memory_bank_matches_upstream(frame_idx, reverse, cond):
     """A frame deep into a 40-frame video: upstream's selection and attention == our slots + graph."""
+    _full_bank(TEST_SMALL, VIDEO_TEST_SMALL, frame_idx, reverse, cond, official_yaml=False)
+
+
+@pytest.mark.slow
+def test_full_memory_bank_matches_upstream_full_size():
+    """The same at Hiera-Tiny 1024 from upstream's official yaml (7 x 4096 + 64 memory tokens)."""
+    _full_bank(HIERA_TINY, VIDEO_TINY, 25, False, {0, 22}, official_yaml=True)
+
+
+def _full_bank(cfg, vcfg, frame_idx, reverse, cond, official_yaml):
     from sam2edge.runtime.memory_bank import select_memory
 
-    cfg, vcfg = TEST_SMALL, VIDEO_TEST_SMALL
-    upstream = upstream_video_predictor(cfg, vcfg, seed=2)
+    upstream = upstream_video_predictor(cfg, vcfg, seed=2, official_yaml=official_yaml)
     with torch.no_grad():  # larger temporal encodings (same in both) so that every slot's position shows
         upstream.obj_ptr_tpos_proj.weight.mul_(30.0)
         upstream.maskmem_tpos_enc.mul_(30.0)
@@ -267,4 +276,6 @@ def test_full_memory_bank_matches_upstream(frame_idx, reverse, cond):
     assert sel.dropped == 0 and len(sel.spatial) == vcfg.memory_slots and len(sel.pointers) >= 15
     got = torch.from_numpy(ours.backend.memory_attention(vision.numpy(), sel.inputs))
     cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
-    assert cos >= STAGE_COS_MIN and (got - ref).abs().max() <= 1e-4 * ref.abs().max(), cos
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    print(f"memory-conditioned features: cosine {cos:.8f}, max-abs / max|ref| {rel:.2e}")
+    assert cos >= STAGE_COS_MIN and rel <= 1e-4, (cos, rel)
