@@ -6,6 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
+from sam2edge.config import VIDEO_CONFIGS
 from sam2edge.runtime.track import Prompt
 
 _PROMPT = re.compile(r"^(?P<frame>\d+):(?P<values>[^@]+?)(?:@(?P<obj>-?\d+))?$")
@@ -49,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
     )
-    p.add_argument("--config", default="sam2.1-hiera-tiny", help="model config (test-small for quick checks)")
+    p.add_argument(
+        "--config", default="sam2.1-hiera-tiny", choices=sorted(VIDEO_CONFIGS), help="model config (test-small: quick)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
