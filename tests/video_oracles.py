@@ -107,7 +107,7 @@ def upstream_video_predictor(cfg: Sam2Config, vcfg: Sam2VideoConfig, seed: int =
     """Upstream SAM2VideoPredictor (eval, CPU, fp32 memories), perturbed weights, object score lifted."""
     from sam2.sam2_video_predictor import SAM2VideoPredictor
 
-    from sam2edge.checks.upstream import UpstreamImagePath
+    from sam2edge.checks.fidelity.upstream import UpstreamImagePath
 
     patch_bfloat16()
     torch.manual_seed(seed)
