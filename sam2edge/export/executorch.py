@@ -32,6 +32,7 @@ from sam2edge.checks.fidelity.measure import MIN_CLICKS
 from sam2edge.config import Sam2Config
 from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
 from sam2edge.export.executorch_lower import lower
+from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.runtime.executorch_backend import DECODER_FILE, ENCODER_FILE, MAX_POINTS, ExecuTorchBackend
@@ -94,6 +95,14 @@ def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
     return out
 
 
+def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
+    """Bytes of the parameters, buffers and constants ``torch.export`` keeps for ``module`` on ``args``."""
+    with torch.no_grad():
+        ep = torch.export.export(module, args, strict=False)
+    tensors = [*ep.state_dict.values(), *(c for c in ep.constants.values() if isinstance(c, torch.Tensor))]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _graphs(job) -> dict:
     return {
         ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
@@ -109,6 +118,8 @@ def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
     del prog
     params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision)
     job.state["params"] = params
+    if role not in params:  # a video graph: the tensors its exported program holds, at their dtype
+        params[role] = program_tensor_bytes(module, args)
     job.state.setdefault("census", {})[file] = counts.as_dict()
     size = (job.folder / file).stat().st_size
     limit = int(SIZE_RATIO_MAX * params[role] + GRAPH_BYTES_PER_OP * counts.total_ops)
@@ -202,4 +213,5 @@ SPEC = TargetSpec(
     summary=summary,
     model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
     checks={"size": size_check},
+    video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

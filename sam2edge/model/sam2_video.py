@@ -121,10 +121,14 @@ class Sam2VideoModel(Sam2ImageModel):
         feat_s1: torch.Tensor,
         sparse: torch.Tensor,
         dense: torch.Tensor,
+        sparse_valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> masks (1, 4, 4e, 4e), iou (1, 4), score (1, 1), object pointers (1, 4, C) per mask token."""
+        """-> masks (1, 4, 4e, 4e), iou (1, 4), score (1, 1), object pointers (1, 4, C) per mask token.
+
+        sparse_valid (1, N): 1.0 used / 0.0 ignored prompt slot (fixed-slot graphs); None = all used."""
         pe = self.sam_prompt_encoder.image_pe
-        masks, iou, obj, tokens = self.sam_mask_decoder.forward_tokens(pix_feat, pe, sparse, dense, feat_s0, feat_s1)
+        dec = self.sam_mask_decoder
+        masks, iou, obj, tokens = dec.forward_tokens(pix_feat, pe, sparse, dense, feat_s0, feat_s1, sparse_valid)
         present = (obj > 0).to(tokens.dtype).reshape(-1, 1, 1)  # (1, 1, 1)
         ptrs = present * self.obj_ptr_proj(tokens) + (1.0 - present) * self.no_obj_ptr.reshape(1, 1, -1)
         return masks, iou, obj, ptrs

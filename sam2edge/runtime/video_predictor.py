@@ -5,10 +5,9 @@ Coordinate frames: ``points`` Nx2 (X, Y) and ``box`` XYXY are in video pixels
 ``video_res_masks`` are (num_objects, 1, H, W) logits at video resolution (torch tensors, as upstream);
 ``> 0`` is the mask. Objects are tracked one at a time (batch 1), as upstream does.
 
-Differences from upstream, all documented: frames are held as uint8 at model resolution and
-normalised when encoded; the memory graph has fixed slots (``memory_bank``). Upstream's
-``fill_hole_area`` post-process (8 in ``build_sam2_video_predictor``) needs its CUDA extension and is
-skipped on CPU by upstream; here it runs on the host (scipy, 8-connected), ``fill_hole_area=0`` turns it off.
+Differences from upstream: frames are uint8 at model resolution, normalised when encoded; the memory graph has
+fixed slots (``memory_bank``); upstream's ``fill_hole_area`` (8, CUDA-only, skipped on CPU by upstream) runs on
+the host (scipy, 8-connected; 0 turns it off). ``from_export``: the same API over an export bundle.
 """
 
 from __future__ import annotations
@@ -82,7 +81,14 @@ class Sam2VideoPredictor:
         sd, prov = load_video_weights(path_or_id, cfg, vcfg)
         return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov, fill_hole_area)
 
-    # ---- state --------------------------------------------------------------------------
+    @classmethod
+    def from_export(cls, folder, threads: int | None = None, fill_hole_area: int = 8) -> Sam2VideoPredictor:
+        """Track from a bundle of ``sam2edge export --video`` (LiteRT, ONNX or ExecuTorch); same API."""
+        from sam2edge.runtime.video_bundle import open_video_bundle
+
+        backend, card = open_video_bundle(folder, threads=threads)
+        return cls(backend, {**card.get("source", {}), "bundle": str(folder)}, fill_hole_area)
+
     def init_state(
         self,
         video_path,
