@@ -7,8 +7,13 @@ Reports per-frame time by stage for 1..--objects objects, and the memory-attenti
 index (it grows while the 7 memory slots fill, then stays flat: sam2edge's graph always attends over
 every slot, upstream's over the filled ones).
 
+Bundle subjects (``--targets litert,onnx,executorch``): each target is exported with ``--video`` from the
+same weights (``--precision``, default fp32) and tracked through ``Sam2VideoPredictor.from_export``'s backend
+in the same lockstep run, so every per-frame time sits beside upstream eager's.
+
 Usage: .venv/bin/python benchmarks/bench_video.py [--config sam2.1-hiera-tiny] [--frames 10]
-       [--objects 3] [--threads 2] [--json out.json]     (--config test-small: a smoke run)
+       [--objects 3] [--threads 2] [--targets litert,onnx,executorch] [--precision fp32] [--json out.json]
+       (--config test-small: a smoke run)
 """
 
 from __future__ import annotations
@@ -64,8 +69,38 @@ class Timers:
         return out
 
 
+def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str, tmp: Path, threads: int) -> dict:
+    """name -> (predictor, timers) for each target's ``--video`` bundle exported from ``mapped``."""
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.runtime.video_bundle import open_video_bundle
+
+    runners = {}
+    for target in targets:
+        out = tmp / f"bundle-{target}"
+        with contextlib.redirect_stderr(io.StringIO()):
+            source = {"checkpoint": "bench (upstream's perturbed weights)"}
+            run_export(target, config, precision, out, weights=(mapped, source), video=True, force=True)
+        backend, _ = open_video_bundle(out, threads=threads)
+        runners[f"{target}-{precision}"] = (Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend))
+    return runners
+
+
+def wrap_backend(backend) -> Timers:
+    timers = Timers()
+    for attr, stage in (
+        ("encode_frame", "encoder"),
+        ("no_memory", "memory attention"),
+        ("memory_attention", "memory attention"),
+        ("decode", "decoder"),
+        ("encode_memory", "memory encoder"),
+    ):
+        timers.wrap(backend, attr, stage)
+    return timers
+
+
 def build(cfg, vcfg):
-    """(name -> (predictor, timers)) for upstream and both sam2edge forms, sharing one set of weights."""
+    """(name -> (predictor, timers)) for upstream and both sam2edge forms, sharing one set of weights;
+    also the mapped sam2edge state dict (for bundle subjects)."""
     up = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=cfg.image_size == 1024 and vcfg.mem_dim == 64)
     sd = {k: v.detach().clone() for k, v in up.state_dict().items()}
     mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "bench")
@@ -81,17 +116,9 @@ def build(cfg, vcfg):
     runners = {"upstream": (up, t_up)}
     for name, rw in (("sam2edge", UPSTREAM), ("sam2edge-export", Rewrites())):
         backend = EagerVideoBackend.from_state_dict(mapped, cfg, vcfg, rw)
-        timers = Timers()
-        for attr, stage in (
-            ("encode_frame", "encoder"),
-            ("no_memory", "memory attention"),
-            ("memory_attention", "memory attention"),
-            ("decode", "decoder"),
-            ("encode_memory", "memory encoder"),
-        ):
-            timers.wrap(backend, attr, stage)
+        timers = wrap_backend(backend)
         runners[name] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers)  # upstream skips it on CPU
-    return runners
+    return runners, mapped
 
 
 def session(runners, clip: Path, objects: int) -> dict[str, list[dict[str, float]]]:
@@ -133,13 +160,17 @@ def main() -> None:
     ap.add_argument("--objects", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="write the per-frame splits here")
+    ap.add_argument("--targets", default="", help="comma-separated bundle subjects: litert,onnx,executorch")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16"), help="precision of the bundles")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     cfg, vcfg = get_config(args.config), get_video_config(args.config)
     with tempfile.TemporaryDirectory() as tmp:
         drifting_clip(Path(tmp) / "clip", args.frames, (W, H))
-        runners = build(cfg, vcfg)
+        runners, mapped = build(cfg, vcfg)
+        targets = [t for t in args.targets.split(",") if t]
+        runners.update(bundle_runners(mapped, args.config, targets, args.precision, Path(tmp), args.threads))
         results = {}
         for objects in range(1, args.objects + 1):
             with contextlib.redirect_stderr(io.StringIO()):  # upstream's tqdm bars

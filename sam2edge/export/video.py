@@ -242,7 +242,5 @@ def measure(job, image_backend, bars: dict | None = None) -> dict:
 
     v = job.state["video"]
     ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
-    test = BundleVideoBackend(
-        image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"]
-    )
+    test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"])
     return measure_video(ref, test, job.precision, bars=bars)

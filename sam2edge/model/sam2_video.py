@@ -87,7 +87,9 @@ class Sam2VideoModel(Sam2ImageModel):
         n = C // M  # tokens per pointer
         ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
         ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C))  # (P, M)
-        ptr_pe = ptr_pe.reshape(P, 1, M).expand(P, n, M).reshape(1, P * n, M)  # (1, P*n, M)
+        ptr_pe = (ptr_pe.reshape(P, 1, M) * ptr_pe.new_ones(1, n, 1)).reshape(
+            1, P * n, M
+        )  # (1, P*n, M), no BROADCAST_TO
         memory = torch.cat([spatial.reshape(1, K * e * e, M), ptr_tokens], dim=1)
         memory_pos = torch.cat([spatial_pos.reshape(1, K * e * e, M), ptr_pe], dim=1)
         return memory, memory_pos
@@ -107,8 +109,8 @@ class Sam2VideoModel(Sam2ImageModel):
         K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
         n = C // self.vcfg.mem_dim
         memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
-        mem_bias = mem_valid.reshape(1, K, 1).expand(1, K, HW).reshape(1, K * HW)  # (1, K*HW)
-        ptr_bias = ptr_valid.reshape(1, P, 1).expand(1, P, n).reshape(1, P * n)  # (1, P*n)
+        mem_bias = (mem_valid.reshape(1, K, 1) * mem_valid.new_ones(1, 1, HW)).reshape(1, K * HW)  # (1, K*HW)
+        ptr_bias = (ptr_valid.reshape(1, P, 1) * ptr_valid.new_ones(1, 1, n)).reshape(1, P * n)  # (1, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
         curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
         out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias)  # (1, HW, C)

@@ -193,4 +193,6 @@ def open_video_bundle(folder: str | Path, *, threads: int | None = None) -> tupl
         vcfg = get_video_config(card["config"])
     except (ValueError, TypeError) as e:
         raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
-    return BundleVideoBackend(image, target, folder, cfg, vcfg, threads=threads, num_tokens=video.get("num_tokens")), card
+    return BundleVideoBackend(
+        image, target, folder, cfg, vcfg, threads=threads, num_tokens=video.get("num_tokens")
+    ), card

@@ -89,9 +89,7 @@ def run_clip(backend, frames: list[np.ndarray]) -> dict[str, dict[int, np.ndarra
 
 def _per_frame(test: dict[int, np.ndarray], ref: dict[int, np.ndarray]) -> dict[str, float]:
     """frame index -> mask IoU worst over objects."""
-    return {
-        str(f): min(mask_iou(test[f][o] > 0, ref[f][o] > 0) for o in range(ref[f].shape[0])) for f in sorted(ref)
-    }
+    return {str(f): min(mask_iou(test[f][o] > 0, ref[f][o] > 0) for o in range(ref[f].shape[0])) for f in sorted(ref)}
 
 
 def measure_video(ref, test, precision: str, frames: list[np.ndarray] | None = None, bars: dict | None = None) -> dict:
@@ -104,8 +102,13 @@ def measure_video(ref, test, precision: str, frames: list[np.ndarray] | None = N
     nonfinite = sum(int((~np.isfinite(m)).sum()) for p in got.values() for m in p.values())
     calls = sum(len(p) for p in got.values())
     report = {
-        "clip": {"frames": len(frames), "size": list(frames[0].shape[1::-1]), "objects": 2,
-                 "passes": list(passes), "correction_frame": CORRECTION_FRAME},
+        "clip": {
+            "frames": len(frames),
+            "size": list(frames[0].shape[1::-1]),
+            "objects": 2,
+            "passes": list(passes),
+            "correction_frame": CORRECTION_FRAME,
+        },
         "per_frame_iou": passes,
         "iou_worst": float(min(ious)),
         "iou_median": float(np.median(ious)),
@@ -125,7 +128,8 @@ def video_failures(report: dict) -> list[str]:
     for key, name in (("iou_worst", "worst"), ("iou_median", "median")):
         bar = bars.get(f"min_video_{key}")
         if bar is not None and not report[key] >= bar:
-            worst = min(((p, f, v) for p, fr in report["per_frame_iou"].items() for f, v in fr.items()),
-                        key=lambda t: t[2])
+            worst = min(
+                ((p, f, v) for p, fr in report["per_frame_iou"].items() for f, v in fr.items()), key=lambda t: t[2]
+            )
             out.append(f"video mask IoU {name} {report[key]:.4f} < {bar} (worst: {worst[0]} pass, frame {worst[1]})")
     return out
