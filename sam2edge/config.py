@@ -91,3 +91,44 @@ def get_config(name: str) -> Sam2Config:
         return CONFIGS[name]
     except KeyError:
         raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)}") from None
+
+
+@dataclass(frozen=True)
+class Sam2VideoConfig:
+    """The memory path of SAM 2.1 (upstream ``sam2.1_hiera_t.yaml`` + the video predictor's overrides).
+
+    Widths not listed here come from the image ``Sam2Config`` (d_model = memory-attention width).
+    """
+
+    mem_dim: int = 64  # channels of a spatial memory and of an object-pointer token (d_model / mem_dim tokens each)
+    attn_layers: int = 4  # memory-attention layers (self RoPE attention + cross RoPE attention + MLP)
+    attn_heads: int = 1  # heads of both RoPE attentions
+    attn_mlp_dim: int = 2048  # memory-attention MLP hidden size
+    rope_theta: float = 10000.0  # RoPE base frequency
+    fuser_layers: int = 2  # ConvNeXt blocks fusing image features and the downsampled mask
+    fuser_kernel: int = 7  # depthwise kernel of the fuser blocks
+    mask_stride: int = 16  # total stride of the mask downsampler (4 convs of stride 2)
+    num_maskmem: int = 7  # temporal memory encodings (1 conditioning + 6 previous-frame positions)
+    memory_slots: int = 7  # spatial memory slots in the per-frame graph (conditioning + recent frames)
+    max_obj_ptrs: int = 16  # object-pointer slots (upstream max_obj_ptrs_in_encoder)
+    sigmoid_scale: float = 20.0  # memory-encoder mask: sigmoid(logits) * scale + bias
+    sigmoid_bias: float = -10.0
+    no_obj_score: float = -1024.0  # mask logits written where the object is judged absent
+
+
+VIDEO_TINY = Sam2VideoConfig()
+
+# test-small's d_model is 32: a pointer splits into 2 tokens of mem_dim 16.
+VIDEO_TEST_SMALL = Sam2VideoConfig(mem_dim=16, attn_layers=2, attn_mlp_dim=64)
+
+VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
+    "sam2.1-hiera-tiny": VIDEO_TINY,
+    "test-small": VIDEO_TEST_SMALL,
+}
+
+
+def get_video_config(name: str) -> Sam2VideoConfig:
+    try:
+        return VIDEO_CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(VIDEO_CONFIGS)}") from None

@@ -22,6 +22,7 @@ from sam2edge.cards.chart import latency_chart
 from sam2edge.cards.evidence import CHART, README, RECORDS_DIR, find_bench_records, find_sweep_records, read_fidelity
 from sam2edge.cards.measured import browser, fidelity_section, gpu_delegate, performance, pitfalls
 from sam2edge.cards.sections import artifacts, conversion, front_matter, header, inputs_outputs
+from sam2edge.cards.video import video_section
 from sam2edge.io import atomic_path
 
 
@@ -35,6 +36,7 @@ def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[
         + inputs_outputs(card)
         + fidelity_section(fid)
         + gpu_delegate(fid)
+        + video_section(card, fid)
         + performance(card, bench, chart)
         + browser(sweep)
         + pitfalls(card, fid)

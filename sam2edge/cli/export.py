@@ -11,6 +11,8 @@ line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_e
   --out           bundle folder (new, empty, or an earlier bundle; written atomically)
   --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
   --force         write a bundle that fails an accuracy bar (card status "rejected")
+  --video         also the video graphs (memory attention, memory encoder, video decoder; fp32 / fp16), measured
+                  on a two-object clip; ``Sam2VideoPredictor.from_export(DIR)`` tracks from the bundle
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--allow-dirty", action="store_true", help="write a graph that fails the graph lint (status says so)"
     )
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
+    p.add_argument("--video", action="store_true", help="also export the video graphs (tracking from the bundle)")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -48,7 +51,8 @@ def command_line(args: argparse.Namespace) -> str:
     if args.checkpoint:
         parts += ["--checkpoint", args.checkpoint]
     parts += ["--out", str(args.out)]
-    parts += [flag for flag, on in (("--allow-dirty", args.allow_dirty), ("--force", args.force)) if on]
+    flags = (("--allow-dirty", args.allow_dirty), ("--force", args.force), ("--video", args.video))
+    parts += [flag for flag, on in flags if on]
     return shlex.join(parts)
 
 
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         allow_dirty=args.allow_dirty,
         force=args.force,
         command=command_line(args),
+        video=args.video,
     )
     print(resolve(target.converter).summary(card, Path(args.out)))
     return 0

@@ -30,6 +30,7 @@ import torch
 from sam2edge.checks.fidelity.bars import BARS
 from sam2edge.checks.fidelity.measure import MIN_CLICKS
 from sam2edge.config import Sam2Config
+from sam2edge.export import video as vid
 from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.pipeline import TargetSpec, run_export
@@ -94,6 +95,50 @@ def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
     return out
 
 
+def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
+    """Bytes of the parameters, buffers and constants the graph of ``module`` on ``args`` uses (``torch.export``
+    lifts every tensor of the module; only placeholders with users reach the program)."""
+    with torch.no_grad():
+        ep = torch.export.export(module, args, strict=False)
+    sig, stored = ep.graph_signature, {**ep.state_dict, **ep.constants}
+    lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    tensors = [stored[t] for p, t in lifted.items() if p in used and isinstance(stored.get(t), torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# operator left outside XNNPACK in a video program -> why (card.json extra.outside_delegate_why)
+OUTSIDE_WHY = {
+    "eq": "comparison (slot index one-hot): XNNPACK has no comparison operators",
+    "gt": "comparison (object present / binarise mask > 0): XNNPACK has no comparison operators",
+    "dim_order_ops": "dtype cast of a comparison result (bool -> float), a portable copy",
+    "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
+    "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
+    "div": "sine-encoding positions / frequencies (not constant-folded), one small portable op",
+    "mm": "one-hot (K, T) @ temporal encodings (T, M): its left operand comes from the portable one-hot",
+    "expand_copy": "broadcast of a (1, 1, C) token or bias to its batch, a portable copy",
+    "full_like": "constant tensor for the no-mask / ignored-slot branch, a portable fill",
+    "alias_copy": "view between delegate partitions (no arithmetic)",
+    "squeeze_copy": "view between delegate partitions (no arithmetic)",
+    "unsqueeze_copy": "view between delegate partitions (no arithmetic)",
+    "slice_copy": "view between delegate partitions (no arithmetic)",
+    "view_copy": "view between delegate partitions (no arithmetic)",
+}
+
+
+def outside_why(census: dict) -> dict[str, dict[str, str]]:
+    """Program -> operator outside the delegate -> why, for the video programs."""
+    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+
+    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()}
+    unknown = "not claimed by XnnpackPartitioner (reason not investigated)"
+    return {
+        f: {op: OUTSIDE_WHY.get(op, unknown) for op in c["outside_delegate"]}
+        for f, c in census.items()
+        if f.split(".")[0] in stems
+    }
+
+
 def _graphs(job) -> dict:
     return {
         ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
@@ -109,6 +154,8 @@ def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
     del prog
     params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision)
     job.state["params"] = params
+    if role not in params:  # a video graph: the tensors its exported program holds, at their dtype
+        params[role] = program_tensor_bytes(module, args)
     job.state.setdefault("census", {})[file] = counts.as_dict()
     size = (job.folder / file).stat().st_size
     limit = int(SIZE_RATIO_MAX * params[role] + GRAPH_BYTES_PER_OP * counts.total_ops)
@@ -137,6 +184,7 @@ def _extra(job) -> dict:
     return {
         "max_points": MAX_POINTS,
         "delegation": job.state["census"],
+        "outside_delegate_why": outside_why(job.state["census"]),
         "sizes": job.state["sizes"],
         "rewrites": REWRITES.__dict__,
         "prompt_layout": (
@@ -202,4 +250,5 @@ SPEC = TargetSpec(
     summary=summary,
     model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
     checks={"size": size_check},
+    video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

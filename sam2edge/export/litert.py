@@ -33,6 +33,7 @@ from sam2edge.checks.gpu.report import export_check as gpu_delegate_check
 from sam2edge.checks.tflite.lint import LintReport, lint_file
 from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
+from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import (
     DECODER_OUTPUTS,
@@ -56,6 +57,7 @@ from sam2edge.runtime.litert_backend import (
     write_tables,
 )
 from sam2edge.runtime.prompts import prompt_tables
+from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
 FIDELITY_CLICKS = MIN_CLICKS
 REWRITE_CLICKS = 8  # prompts of the eager-rewrite-vs-upstream comparison (a record, not a bar)
@@ -282,4 +284,5 @@ SPEC = TargetSpec(
     tables=lambda job: write_tables(prompt_tables(job.model), job.folder),
     lint=_lint,
     checks=POST_EXPORT_CHECKS,
+    video=lambda job: vid.entries(job, lambda m, role: NamedOutputs(m, VIDEO_GRAPHS[role][2]), named=True),
 )

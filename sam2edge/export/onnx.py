@@ -30,12 +30,14 @@ import torch
 from torch import nn
 
 from sam2edge.config import Sam2Config
+from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime import onnx_backend as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
+from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively
@@ -108,6 +110,7 @@ IO = {
         ob.DECODER_OUTPUTS,
         {"point_coords": {1: "num_points"}, "point_labels": {1: "num_points"}},
     ),
+    **{role: (ins, outs, {}) for role, (_, ins, outs) in VIDEO_GRAPHS.items()},
 }
 WORK = ".work"  # raw and optimised graphs, kept until the optimisation check
 
@@ -251,7 +254,7 @@ def _graphs(job) -> dict:
 def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     """Trace ``module`` (legacy TorchScript exporter: fast, exact), optimise it (onnxruntime BASIC), attach
     metadata and run the full checker; the raw and optimised graphs stay in ``.work`` for the check."""
-    role = "encoder" if file == ob.ENCODER_FILE else "decoder"
+    role = job.files[file]
     work = job.folder / WORK
     work.mkdir(exist_ok=True)
     names_in, names_out, dynamic = IO[role]
@@ -270,7 +273,10 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
             dynamic_axes=dynamic,
         )
     job.state.setdefault("census", {})[role] = optimize(raw, opt)
-    finish(opt, job.folder / file, metadata(job.cfg, job.precision, job.source, role))
+    props = metadata(job.cfg, job.precision, job.source, role)
+    if role in VIDEO_GRAPHS:  # card.json extra.video lists every tensor's shape
+        props["outputs"] = ", ".join(names_out)
+    finish(opt, job.folder / file, props)
 
 
 def optimization_check(job) -> dict:
@@ -345,4 +351,5 @@ SPEC = TargetSpec(
     extra=_extra,
     summary=summary,
     checks={"optimization": optimization_check},
+    video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

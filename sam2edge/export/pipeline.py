@@ -31,8 +31,9 @@ from torch import nn
 
 from sam2edge.bundle import CARD, finalize_bundle, validate_fidelity
 from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend
-from sam2edge.config import Sam2Config, get_config
+from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
+from sam2edge.export import video as vid
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -45,6 +46,7 @@ GRAPH_SET: dict[str, str] = {
     "encoder": "image 1x3xSxS -> image_embeddings 1xCxexe, feat_s0, feat_s1",
     "decoder": "features + prompt -> masks 1x3, iou 1x3, single_mask, single_iou, object_score",
     "mask-encoder": "mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe",
+    **vid.GRAPH_SET_VIDEO,  # --video: memory attention, memory encoder, video decoder
 }
 
 
@@ -66,6 +68,7 @@ class Job:
     lint: dict = field(default_factory=dict)  # what spec.lint returned (target-specific)
     checks: dict[str, dict] = field(default_factory=dict)  # check name -> result
     state: dict = field(default_factory=dict)  # anything a target keeps between its steps
+    vcfg: Sam2VideoConfig | None = None  # --video: the memory path's config (None: image graphs only)
 
     @property
     def precision_label(self) -> str:
@@ -103,6 +106,7 @@ class TargetSpec:
     lint: Callable[[Job], dict] | None = None  # graph lint; raise UserError unless job.allow_dirty
     checks: dict[str, Callable[[Job], dict]] = field(default_factory=dict)
     measure: Callable[[Job, EagerBackend], dict] | None = None  # only where the graphs cannot run here
+    video: Callable[[Job], Graphs] | None = None  # --video: the target's wrapping of export.video's graphs
 
 
 def guard_out(out: str | Path, inputs: tuple[str | Path | None, ...] = ()) -> Path:
@@ -139,6 +143,10 @@ def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
         fidelity = spec.measure(job, ref)
     else:
         fidelity = measure_backend(ref, spec.open_backend(job), job.precision, clicks=job.clicks, bars=bars)
+    if job.vcfg is not None:
+        stage(f"video fidelity: a {vid.CLIP_NOTE} vs eager fp32")
+        fidelity["video"] = vid.measure(job, spec.open_backend(job), bars)
+        fidelity["failures"] += fidelity["video"]["failures"]
     fidelity["checks"] = job.checks
     fidelity["failures"] += [f for c in job.checks.values() for f in c.get("failures", [])]
     fidelity["passed"] = not fidelity["failures"]
@@ -146,15 +154,20 @@ def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
 
 
 def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
-    for file, (role, module, sample) in spec.graphs(job).items():
+    graphs = spec.graphs(job)
+    if job.vcfg is not None:
+        graphs.update(spec.video(job))
+    for file, (role, module, sample) in graphs.items():
         if role not in GRAPH_SET:
             raise ValueError(f"{spec.name}: graph {file} has role {role!r}, not one of {sorted(GRAPH_SET)}")
         stages.next(f"convert {file}")
         stage(f"convert {file} ({job.precision_label}) for {spec.name}")
-        spec.convert(job, file, module.eval(), sample)
         job.files[file] = role
+        spec.convert(job, file, module.eval(), sample)
     if spec.tables is not None:
         job.files.update(spec.tables(job))
+    if job.vcfg is not None:
+        job.files.update(vid.write_video_tables(job))
     if spec.lint is not None:
         stages.next("lint")
         job.lint = spec.lint(job)
@@ -162,6 +175,13 @@ def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
         stages.next(f"check {name}")
         stage(f"check: {name}")
         job.checks[name] = check(job)
+
+
+def _load(checkpoint: str | None, cfg: Sam2Config, vcfg: Sam2VideoConfig | None) -> tuple[dict, dict]:
+    from sam2edge.weights import load_weights
+    from sam2edge.weights.video import load_video_weights
+
+    return load_weights(checkpoint, cfg) if vcfg is None else load_video_weights(checkpoint, cfg, vcfg)
 
 
 def run_export(
@@ -179,25 +199,29 @@ def run_export(
     clicks: int = MIN_CLICKS,
     bars: dict[str, float] | None = None,
     options: dict | None = None,
+    video: bool = False,
 ) -> dict:
     """Export ``target`` (a registry key) at ``precision`` into the bundle folder ``out``; returns the card.
 
     ``weights`` = (state dict, source) skips loading ``checkpoint`` (tests, benchmarks); ``bars`` override
     the precision's bars key by key (never used by the CLI); ``options`` go to ``job.state`` (target knobs
-    such as LiteRT's ``num_tokens``)."""
-    from sam2edge.weights import load_weights
-
+    such as LiteRT's ``num_tokens``). ``video``: also the video graphs (``export.video``); ``weights`` is
+    then the whole video model's state dict."""
     entry = check_request(target, precision)
     out = guard_out(out, (checkpoint,))
     spec: TargetSpec = resolve(entry.converter)
+    vcfg = vid.check_request(spec, get_video_config(config_name), precision) if video else None
     cfg = spec.config(get_config(config_name), resolution)
-    sd, source = weights if weights is not None else load_weights(checkpoint, cfg)
+    sd_all, source = weights if weights is not None else _load(checkpoint, cfg, vcfg)
+    sd = vid.image_part(sd_all, cfg) if video else sd_all
     model = spec.model(sd, cfg, precision, spec.rewrites)
     stages = Stages(f"export {target} {precision}", len(GRAPH_SET) + 2 + len(spec.checks) + (spec.lint is not None))
     try:
         with atomic_dir(out) as tmp:
-            job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks)
+            job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks, vcfg=vcfg)
             job.state.update(options or {})
+            if video:
+                vid.prepare(job, sd_all, spec.rewrites)
             _build_files(spec, job, stages)
             stages.next("fidelity")
             fidelity = _fidelity(spec, job, bars)
@@ -215,7 +239,7 @@ def run_export(
                 artifacts=dict(job.files),
                 fidelity=fidelity,
                 status="shippable" if fidelity["passed"] else "rejected",
-                extra=spec.extra(job),
+                extra={**spec.extra(job), **({"video": vid.extra(job)} if video else {})},
             )
     finally:
         stages.close()

@@ -130,8 +130,22 @@ class MaskDecoder(nn.Module):
         feat_s1: torch.Tensor,
         sparse_valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward_tokens`` without the mask tokens: (masks Bx4x4ex4e, iou Bx4, object_score Bx1)."""
+        return self.forward_tokens(image_embed, image_pe, sparse, dense, feat_s0, feat_s1, sparse_valid)[:3]
+
+    def forward_tokens(
+        self,
+        image_embed: torch.Tensor,
+        image_pe: torch.Tensor,
+        sparse: torch.Tensor,
+        dense: torch.Tensor,
+        feat_s0: torch.Tensor,
+        feat_s1: torch.Tensor,
+        sparse_valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """image_embed Bx C x e x e (no_mem added); image_pe 1xCxexe; sparse BxNxC; dense BxCxexe;
-        feat_s0 Bx(C/8)x4ex4e; feat_s1 Bx(C/4)x2ex2e -> (masks Bx4x4ex4e, iou Bx4, object_score Bx1).
+        feat_s0 Bx(C/8)x4ex4e; feat_s1 Bx(C/4)x2ex2e -> (masks Bx4x4ex4e, iou Bx4, object_score Bx1,
+        mask tokens Bx4xC: the decoder's output tokens, from which the video model makes object pointers).
 
         sparse_valid: optional BxN of 1.0 (token used) / 0.0 (ignored slot). An ignored token is
         removed as an attention key everywhere, so a fixed-size prompt input with ignored slots
@@ -166,7 +180,7 @@ class MaskDecoder(nn.Module):
             masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
         iou = self.iou_prediction_head(hs[:, 1, :])  # (B, n)
         obj = self.pred_obj_score_head(hs[:, 0, :])  # (B, 1)
-        return masks, iou, obj
+        return masks, iou, obj, mask_tokens
 
     @staticmethod
     def multimask(masks: torch.Tensor, iou: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,13 +28,15 @@ def bundle_config(card: dict) -> Sam2Config:
     return cfg if cfg.image_size == card["resolution"] else cfg.at_resolution(card["resolution"])
 
 
-def reference_weights(card: dict, cfg: Sam2Config, checkpoint: str | None = None) -> tuple[dict, dict]:
+def reference_weights(card: dict, cfg: Sam2Config, checkpoint: str | None = None, loader=None) -> tuple[dict, dict]:
     """State dict + provenance of the checkpoint the bundle was exported from (card.json ``source``).
 
     ``checkpoint`` overrides the recorded path (bundle moved to another machine); its SHA-256 must
-    equal the recorded one.
+    equal the recorded one. ``loader(spec, cfg)``: ``load_weights`` unless given (video: the whole model).
     """
     from sam2edge.weights import SYNTHETIC, load_weights
+
+    load_weights = loader or load_weights
 
     source = card["source"]
     recorded = source["checkpoint"]
@@ -65,12 +67,14 @@ def verify_bundle(
     bars: dict[str, float] | None = None,
     checkpoint: str | None = None,
     test_backend=None,
+    video_weights: dict | None = None,
 ) -> dict:
     """Measure a bundle against eager fp32; -> report {outputs, end_to_end, bars, passed, failures, ...}.
 
     ``bars`` replaces the precision's defaults key by key; ``test_backend`` (optional) is an
     already-open backend for the bundle. The measurement is ``measure.measure_backend``, the same
-    function every export runs before it writes a bundle.
+    function every export runs before it writes a bundle. A ``--video`` bundle is also tracked through the
+    clip of ``video.measure_video`` (key "video"); ``video_weights`` replaces its reference checkpoint.
     """
     folder = Path(folder)
     card = load_card(folder)
@@ -80,6 +84,10 @@ def verify_bundle(
     ref = EagerBackend.from_state_dict(sd, cfg)
     test = test_backend or open_backend(folder, card)
     report = measure_backend(ref, test, card["precision"], clicks=clicks, bars=bars, provenance=(prov, card))
+    if isinstance(card.get("extra", {}).get("video"), dict):
+        report["video"] = _verify_video(folder, card, cfg, checkpoint, video_weights, bars)
+        report["failures"] = report["failures"] + report["video"]["failures"]
+        report["passed"] = not report["failures"]
     return {
         "provenance": "measured",
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"),
@@ -96,3 +104,20 @@ def record_report(folder: str | Path, report: dict, command: str) -> dict:
     """Store ``report`` as fidelity.json's ``verify`` entry (export-time entries kept), mirror it into
     card.json ``fidelity``, and rewrite manifest.json. Returns the new fidelity document."""
     return record_fidelity(Path(folder), ("verify",), dict(report, command=command), "verify")
+
+
+def _verify_video(folder: Path, card: dict, cfg: Sam2Config, checkpoint, sd: dict | None, bars) -> dict:
+    """The clip measurement of a ``--video`` bundle against eager fp32 (upstream's operations)."""
+    from sam2edge.checks.fidelity.video import measure_video
+    from sam2edge.config import get_video_config
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.video_backend import EagerVideoBackend
+    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.weights.video import load_video_weights
+
+    vcfg = get_video_config(card["config"])
+    if sd is None:
+        sd, _ = reference_weights(card, cfg, checkpoint, lambda spec, c: load_video_weights(spec, c, vcfg))
+    stage("verify: tracking a two-object clip (correction, reverse) against eager fp32")
+    test, _ = open_video_bundle(folder)
+    return measure_video(EagerVideoBackend.from_state_dict(sd, cfg, vcfg, UPSTREAM), test, card["precision"], bars=bars)

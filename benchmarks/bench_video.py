@@ -1,0 +1,186 @@
+"""Per-frame tracking time split by stage, sam2edge eager vs upstream SAM2VideoPredictor, one process.
+
+Stages: encoder (image encoder), memory attention (incl. no-memory conditioning), decoder (prompt
+encoder + mask decoder + pointer), memory encoder. Same perturbed weights (object score lifted), the
+same drifting-window JPEG clip; the two predictors advance frame by frame in lockstep (interleaved).
+Reports per-frame time by stage for 1..--objects objects, and the memory-attention time per frame
+index (it grows while the 7 memory slots fill, then stays flat: sam2edge's graph always attends over
+every slot, upstream's over the filled ones).
+
+Bundle subjects (``--targets litert,onnx,executorch``): each target is exported with ``--video`` from the
+same weights (``--precision``, default fp32) and tracked through ``Sam2VideoPredictor.from_export``'s backend
+in the same lockstep run, so every per-frame time sits beside upstream eager's.
+
+Usage: .venv/bin/python benchmarks/bench_video.py [--config sam2.1-hiera-tiny] [--frames 10]
+       [--objects 3] [--threads 2] [--targets litert,onnx,executorch] [--precision fp32] [--json out.json]
+       (--config test-small: a smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sam2edge.config import get_config, get_video_config  # noqa: E402
+from sam2edge.model import UPSTREAM, Rewrites  # noqa: E402
+from sam2edge.runtime.video_backend import EagerVideoBackend  # noqa: E402
+from sam2edge.runtime.video_predictor import Sam2VideoPredictor  # noqa: E402
+from sam2edge.weights.load import expected_shapes, to_sam2edge  # noqa: E402
+from sam2edge.weights.video import map_video_tensors  # noqa: E402
+from tests.video_oracles import drifting_clip, upstream_video_predictor  # noqa: E402
+
+STAGES = ("encoder", "memory attention", "decoder", "memory encoder")
+W, H = 320, 240
+
+
+class Timers:
+    """Seconds per stage since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.acc: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj, attr: str, stage: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.acc[stage] += time.perf_counter() - t
+
+        setattr(obj, attr, timed)
+
+    def take(self) -> dict[str, float]:
+        out = {s: self.acc.get(s, 0.0) for s in STAGES}
+        self.acc.clear()
+        return out
+
+
+def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str, tmp: Path, threads: int) -> dict:
+    """name -> (predictor, timers) for each target's ``--video`` bundle exported from ``mapped``."""
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.runtime.video_bundle import open_video_bundle
+
+    runners = {}
+    for target in targets:
+        out = tmp / f"bundle-{target}"
+        with contextlib.redirect_stderr(io.StringIO()):
+            source = {"checkpoint": "bench (upstream's perturbed weights)"}
+            run_export(target, config, precision, out, weights=(mapped, source), video=True, force=True)
+        backend, _ = open_video_bundle(out, threads=threads)
+        runners[f"{target}-{precision}"] = (Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend))
+    return runners
+
+
+def wrap_backend(backend) -> Timers:
+    timers = Timers()
+    for attr, stage in (
+        ("encode_frame", "encoder"),
+        ("no_memory", "memory attention"),
+        ("memory_attention", "memory attention"),
+        ("decode", "decoder"),
+        ("encode_memory", "memory encoder"),
+    ):
+        timers.wrap(backend, attr, stage)
+    return timers
+
+
+def build(cfg, vcfg):
+    """(name -> (predictor, timers)) for upstream and both sam2edge forms, sharing one set of weights;
+    also the mapped sam2edge state dict (for bundle subjects)."""
+    up = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=cfg.image_size == 1024 and vcfg.mem_dim == 64)
+    sd = {k: v.detach().clone() for k, v in up.state_dict().items()}
+    mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "bench")
+    mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "bench"))
+    t_up = Timers()
+    for attr, stage in (
+        ("forward_image", "encoder"),
+        ("_prepare_memory_conditioned_features", "memory attention"),
+        ("_forward_sam_heads", "decoder"),
+        ("_encode_new_memory", "memory encoder"),
+    ):
+        t_up.wrap(up, attr, stage)
+    runners = {"upstream": (up, t_up)}
+    for name, rw in (("sam2edge", UPSTREAM), ("sam2edge-export", Rewrites())):
+        backend = EagerVideoBackend.from_state_dict(mapped, cfg, vcfg, rw)
+        timers = wrap_backend(backend)
+        runners[name] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers)  # upstream skips it on CPU
+    return runners, mapped
+
+
+def session(runners, clip: Path, objects: int) -> dict[str, list[dict[str, float]]]:
+    """Prompt ``objects`` clicks on frame 0, then propagate every predictor in lockstep; per-frame splits."""
+    gens, per_frame = {}, {name: [] for name in runners}
+    for name, (pred, timers) in runners.items():
+        state = pred.init_state(video_path=str(clip))
+        for obj in range(1, objects + 1):
+            pred.add_new_points_or_box(state, 0, obj, points=[[W * obj / (objects + 1), H * 0.5]], labels=[1])
+        pred.propagate_in_video_preflight(state)
+        timers.take()
+        gens[name] = iter(pred.propagate_in_video(state))
+    for steps in zip(*gens.values()):
+        for name, _ in zip(runners, steps):
+            per_frame[name].append(runners[name][1].take())  # time of the step just taken
+    return per_frame
+
+
+def report(results: dict, frames: int) -> None:
+    print(f"\nper tracked frame (frames 1..{frames - 1}), median ms by stage; ratio = total / upstream total")
+    print(f"{'objects':>7} {'model':<16} " + " ".join(f"{s:>16}" for s in STAGES) + f" {'total':>9} {'ratio':>6}")
+    for objects, per_frame in results.items():
+        base = statistics.median(sum(f.values()) for f in per_frame["upstream"][1:])
+        for name, rows in per_frame.items():
+            med = {s: statistics.median(r[s] for r in rows[1:]) for s in STAGES}
+            total = statistics.median(sum(r.values()) for r in rows[1:])
+            cells = " ".join(f"{med[s] * 1e3:16.1f}" for s in STAGES)
+            print(f"{objects:>7} {name:<16} {cells} {total * 1e3:9.1f} {total / base:6.2f}")
+    last = results[max(results)]
+    print("\nmemory attention ms per frame index (filled slots grow to 7 by frame 6), most objects:")
+    for name, rows in last.items():
+        print(f"{name:<16} " + " ".join(f"{r['memory attention'] * 1e3:7.1f}" for r in rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="sam2.1-hiera-tiny")
+    ap.add_argument("--frames", type=int, default=10)
+    ap.add_argument("--objects", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", help="write the per-frame splits here")
+    ap.add_argument("--targets", default="", help="comma-separated bundle subjects: litert,onnx,executorch")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16"), help="precision of the bundles")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    cfg, vcfg = get_config(args.config), get_video_config(args.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        drifting_clip(Path(tmp) / "clip", args.frames, (W, H))
+        runners, mapped = build(cfg, vcfg)
+        targets = [t for t in args.targets.split(",") if t]
+        runners.update(bundle_runners(mapped, args.config, targets, args.precision, Path(tmp), args.threads))
+        results = {}
+        for objects in range(1, args.objects + 1):
+            with contextlib.redirect_stderr(io.StringIO()):  # upstream's tqdm bars
+                results[objects] = session(runners, Path(tmp) / "clip", objects)
+            print(f"{objects} object(s) done", file=sys.stderr, flush=True)
+    print(f"{args.config}, {args.threads} threads, {args.frames} frames of {W}x{H}")
+    report(results, args.frames)
+    if args.json:
+        Path(args.json).write_text(json.dumps({str(k): v for k, v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

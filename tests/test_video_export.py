@@ -1,0 +1,164 @@
+"""``sam2edge export --video`` on every target at test-small: one session-scoped export per target (fp32,
+perturbed synthetic video weights with the object-score head lifted, saved as a Meta checkpoint), then
+tracking through ``Sam2VideoPredictor.from_export`` compared with the eager predictor frame by frame."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from sam2edge.bundle import load_card
+from sam2edge.cards.render import render_markdown
+from sam2edge.checks.fidelity.metrics import mask_iou
+from sam2edge.cli.main import main
+from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
+from sam2edge.errors import UserError
+from sam2edge.export.pipeline import run_export
+from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, video_file
+from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from tests.video_oracles import OBJ_SCORE_LIFT, drifting_clip
+
+TARGETS = ("litert", "onnx", "executorch")
+
+
+@pytest.fixture(scope="session")
+def video_checkpoint(tmp_path_factory):
+    from sam2edge.weights.load import save_checkpoint
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    sd = synthetic_video_state_dict(TEST_SMALL, VIDEO_TEST_SMALL, seed=3)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT  # objects stay present
+    path = tmp_path_factory.mktemp("ckpt") / "video_small.pt"
+    save_checkpoint(sd, "meta", path)
+    return path
+
+
+@pytest.fixture(scope="session", params=TARGETS)
+def video_bundle(request, tmp_path_factory, video_checkpoint):
+    out = tmp_path_factory.mktemp(f"video_{request.param}") / "bundle"
+    card = run_export(request.param, "test-small", "fp32", out, checkpoint=str(video_checkpoint), clicks=4, video=True)
+    return request.param, out, card
+
+
+def _track(pred: Sam2VideoPredictor, folder) -> dict[tuple[str, int], np.ndarray]:
+    """Two objects (click, box) on frame 0, forward; a correction on frame 2, forward; reverse from the end."""
+    state = pred.init_state(video_path=str(folder))
+    n, h, w = state.num_frames, state.video_height, state.video_width
+    pred.add_new_points_or_box(state, 0, 1, points=np.array([[0.6 * w, 0.3 * h]]), labels=np.array([1]))
+    pred.add_new_points_or_box(state, 0, 7, box=np.array([0.05 * w, 0.5 * h, 0.45 * w, 0.9 * h]))
+    out = {("fwd", f): m.numpy() for f, _, m in pred.propagate_in_video(state)}
+    pred.add_new_points_or_box(
+        state, 2, 1, points=np.array([[0.2 * w, 0.2 * h]]), labels=np.array([0]), clear_old_points=False
+    )
+    out.update({("fix", f): m.numpy() for f, _, m in pred.propagate_in_video(state)})
+    out.update({("rev", f): m.numpy() for f, _, m in pred.propagate_in_video(state, n - 1, reverse=True)})
+    return out
+
+
+def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
+    """from_export has the eager API; per frame and object, mask IoU >= 0.999 (fp32) on a clip that is not
+    the export's own, with objects really present (masks neither empty nor full)."""
+    target, folder, card = video_bundle
+    clip = tmp_path / "clip"
+    drifting_clip(clip, frames=5, size=(176, 144), step=11)
+    eager = Sam2VideoPredictor.from_checkpoint(str(video_checkpoint), TEST_SMALL, VIDEO_TEST_SMALL)
+    bundle = Sam2VideoPredictor.from_export(folder)
+    assert bundle.backend.name == f"{target}-bundle"
+    want, got = _track(eager, clip), _track(bundle, clip)
+    assert want.keys() == got.keys() and len(want) == 15
+    fg = [float((m > 0).mean()) for m in want.values()]
+    assert 0.0 < min(fg) and max(fg) < 1.0, fg
+    for key, ref in want.items():
+        for o in range(ref.shape[0]):
+            iou = mask_iou(got[key][o] > 0, ref[o] > 0)
+            assert iou >= 0.999, f"{target} {key} object {o}: IoU {iou:.5f}"
+
+
+def test_card_documents_video_graphs(video_bundle):
+    """card.json: every video graph an artifact with its tensors, the slot layout; the export measured the clip
+    per frame with the fp32 bar; the card renders a video section."""
+    target, folder, card = video_bundle
+    card = load_card(folder)
+    video = card["extra"]["video"]
+    files = {a["file"]: a["role"] for a in card["artifacts"]}
+    for role, (_, ins, outs) in VIDEO_GRAPHS.items():
+        assert files[video_file(target, role)] == role
+        assert list(video["graphs"][role]["inputs"]) == list(ins)
+        assert list(video["graphs"][role]["outputs"]) == list(outs)
+    assert video["graphs"]["memory-attention"]["inputs"]["mem_feats"][0] == VIDEO_TEST_SMALL.memory_slots
+    e = TEST_SMALL.image_embedding_size
+    tokens = VIDEO_TEST_SMALL.memory_slots * e * e + VIDEO_TEST_SMALL.max_obj_ptrs * 2
+    assert video["slot_layout"]["key_tokens"] == tokens
+    fid = card["fidelity"]["video"]
+    assert fid["bars"] == {"min_video_iou_worst": 0.999} and fid["iou_worst"] >= 0.999 and not fid["failures"]
+    assert set(fid["per_frame_iou"]) == {"forward", "correction", "corrected", "reverse"}
+    text = render_markdown(card, card["fidelity"], [], [], None)
+    assert "## Video (tracking)" in text and f"`{video_file(target, 'memory-attention')}`" in text
+
+
+def test_litert_video_graphs_gpu_clean(video_bundle):
+    """LiteRT: each video graph lint-clean (rank <= 4, no banned op) and resident on the GPU delegate."""
+    target, folder, card = video_bundle
+    if target != "litert":
+        pytest.skip("LiteRT only")
+    card = load_card(folder)
+    gpu = card["fidelity"]["checks"]["gpu_delegate"]["files"]
+    for role in VIDEO_GRAPHS:
+        f = video_file("litert", role)
+        lint = card["extra"]["lint"][f]
+        assert lint["max_rank"] <= 4 and lint["verdict"].startswith("clean"), (f, lint)
+        assert gpu[f]["verdict"] == "resident", (f, gpu[f])
+
+
+def test_executorch_video_delegation_named(video_bundle):
+    """ExecuTorch: the census of every video program names each operator left outside XNNPACK."""
+    target, folder, card = video_bundle
+    if target != "executorch":
+        pytest.skip("ExecuTorch only")
+    census = load_card(folder)["extra"]["delegation"]
+    for role in VIDEO_GRAPHS:
+        c = census[video_file("executorch", role)]
+        why = load_card(folder)["extra"]["outside_delegate_why"][video_file("executorch", role)]
+        assert c["delegates"] >= 1 and c["delegated_ops"] > 0.9 * c["total_ops"], c
+        assert set(why) == set(c["outside_delegate"]) and all(why.values()), (c, why)
+
+
+def test_verify_and_tamper(video_bundle, tmp_path):
+    """`verify` re-measures the clip (ONNX, the fastest); a modified video graph is refused by from_export."""
+    from sam2edge.checks.fidelity.verify import verify_bundle
+
+    target, folder, _ = video_bundle
+    if target != "onnx":
+        pytest.skip("ONNX only")
+    report = verify_bundle(folder, clicks=2)
+    assert report["passed"], report["failures"]
+    assert report["video"]["iou_worst"] >= 0.999 and "reverse" in report["video"]["per_frame_iou"]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    victim = copy / video_file("onnx", "memory-attention")
+    data = bytearray(victim.read_bytes())
+    data[-10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="memory_attention.onnx"):
+        Sam2VideoPredictor.from_export(copy)
+    card = load_card(folder)
+    del card["extra"]["video"]
+    (copy / "card.json").write_text(__import__("json").dumps(card))
+    with pytest.raises(UserError, match="has no video graphs"):
+        Sam2VideoPredictor.from_export(copy)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--target", "executorch", "--precision", "int8"], "--video offers --precision fp32 or fp16"),
+        (["--target", "executorch-webgpu", "--precision", "fp32"], "--video is not offered"),
+    ],
+)
+def test_cli_video_refusals(argv, says, tmp_path, capsys):
+    assert main(["export", *argv, "--config", "test-small", "--video", "--out", str(tmp_path / "b")]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "b").exists()
