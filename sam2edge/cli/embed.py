@@ -28,7 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run on Ray Data: a local cluster, or the cluster at ADDRESS (e.g. ray://host:10001 or 'auto')",
     )
     p.add_argument("--actors", type=int, default=1, help="Ray: number of encoder actors (each loads the model once)")
-    p.add_argument("--cpus-per-actor", type=int, default=1, help="Ray: CPUs (and torch threads) per actor")
+    p.add_argument("--cpus-per-actor", type=int, default=1, help="Ray: CPUs (and torch threads) per actor (default 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="local: torch threads (default 1; a Ray run writes the same bytes when --cpus-per-actor equals it)",
+    )
     p.add_argument("--num-cpus", type=int, help="Ray: CPUs of the local cluster (default: all)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     images = list_images(args.images)
     common = dict(model=args.model, checkpoint=args.checkpoint, config=args.config, progress=not args.quiet)
     if args.ray is None:
-        rows = run_local(images, args.out, **common)
+        rows = run_local(images, args.out, threads=args.threads, **common)
     else:
         from sam2edge.embed.ray_job import run_ray
 

@@ -118,17 +118,26 @@ def run_local(
     model: str | None = None,
     checkpoint: str | None = None,
     config: str = "sam2.1-hiera-tiny",
+    threads: int = 1,
     on_row: RowCallback | None = None,
     progress: bool = True,
 ) -> list[dict]:
-    """Embed ``images`` ((name, path) pairs, from ``list_images``) into ``store`` in this process.
+    """Embed ``images`` ((name, path) pairs, from ``list_images``) into ``store`` in this process, with
+    ``threads`` torch threads (fp32 results change in the last bits with the thread count: a Ray run
+    writes the same bytes when its ``cpus_per_actor`` equals ``threads``).
 
     The index is written even when the run stops early (an exception from ``on_row``, Ctrl+C), so a
     rerun skips what is done. -> the index rows of this run, in input order."""
+    import torch
+
+    if threads < 1:
+        raise UserError(f"--threads {threads} must be at least 1")
     predictor = load_predictor(model, checkpoint, config)
     store = open_store(store, predictor.model_identity())
     worker = EmbedWorker(predictor, store)
     rows: list[dict] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         for name, path in _progress(images, progress):
             data, err = read_bytes(path)
@@ -136,6 +145,7 @@ def run_local(
             if on_row is not None:
                 on_row(rows[-1])
     finally:
+        torch.set_num_threads(before)
         write_index(store, rows)
     return rows
 

@@ -10,6 +10,7 @@ from every node.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -42,11 +43,17 @@ class EmbedActor:
         raise KeyError(f"Ray returned a path that was not listed: {path}")
 
 
-def _connect(address: str | None, num_cpus: int | None) -> None:
+def _connect(address: str | None, num_cpus: int | None) -> bool:
+    """Join the cluster at ``address`` or start a local one (reused when this process already has one).
+    -> True when this call connected (the caller then disconnects)."""
     import ray
+    import ray.data
 
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # ours (tqdm, images/s) is the one progress display
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
-        return
+        return False
     try:
         if address:
             ray.init(address=address, log_to_driver=False)
@@ -55,6 +62,7 @@ def _connect(address: str | None, num_cpus: int | None) -> None:
     except (ConnectionError, ValueError, RuntimeError) as e:
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
         raise UserError(f"cannot start or reach {where} ({str(e).splitlines()[0][:120]}); check --ray") from None
+    return True
 
 
 def run_ray(
@@ -73,6 +81,7 @@ def run_ray(
     """Embed ``images`` into ``store`` on Ray (``address`` None: a local cluster of ``num_cpus`` CPUs,
     default all). -> index rows in input order. Byte-identical files to ``run_local`` for the same
     model and torch thread count (``cpus_per_actor`` threads per actor)."""
+    import ray
     import ray.data
     from tqdm import tqdm
 
@@ -80,18 +89,16 @@ def run_ray(
         raise UserError("--actors and --cpus-per-actor must be at least 1")
     identity = load_predictor(model, checkpoint, config).model_identity()
     store = open_store(store, identity)
-    _connect(address, num_cpus)
+    connected = _connect(address, num_cpus)
     names = {str(p): n for n, p in images}
     # reading is I/O: 0 CPUs, so the read tasks never wait behind actors that hold every CPU
-    ds = ray.data.read_binary_files(
-        list(names), include_paths=True, ignore_missing_paths=True, ray_remote_args={"num_cpus": 0}
-    )
+    ds = ray.data.read_binary_files(list(names), include_paths=True, ignore_missing_paths=True, num_cpus=0)
     kwargs = dict(model=model, checkpoint=checkpoint, config=config, store=str(store.absolute()), names=names)
     out = ds.map_batches(
         EmbedActor,
         fn_constructor_kwargs={**kwargs, "threads": cpus_per_actor},
         batch_size=1,
-        concurrency=actors,
+        compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=cpus_per_actor,
     )
     got: dict[str, dict] = {}
@@ -107,6 +114,8 @@ def run_ray(
     finally:
         rows = [got.get(n) or _unread(n, p) for n, p in images] if finished else list(got.values())
         write_index(store, rows)
+        if connected:
+            ray.shutdown()
     return rows
 
 
