@@ -219,3 +219,18 @@ def _get(srv, method: str, path: str, token: str = "") -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         conn.close()
+
+
+def test_bundle_identity_follows_the_model_files():
+    """A bundle's identity hashes its model artifacts: `verify`/`card` rewrites keep it, a new file changes it."""
+    from sam2edge.runtime.embeddings import model_identity
+
+    arts = [{"file": "encoder.tflite", "sha256": "a" * 64}, {"file": "decoder.tflite", "sha256": "b" * 64}]
+    card = {"artifacts": arts, "config": "test-small", "fidelity": {}}
+    ident = model_identity(card, TEST_SMALL, "litert")
+    assert ident["kind"] == "bundle" and ident["resolution"] == 256 and ident["backend"] == "litert"
+    assert model_identity({**card, "fidelity": {"verify": {"ok": True}}}, TEST_SMALL, "litert") == ident
+    assert model_identity({**card, "artifacts": arts[::-1]}, TEST_SMALL, "litert") == ident
+    other = [arts[0], {"file": "decoder.tflite", "sha256": "c" * 64}]
+    assert model_identity({**card, "artifacts": other}, TEST_SMALL, "litert") != ident
+    assert model_identity(card, TEST_SMALL, "onnx") != ident

@@ -83,10 +83,9 @@ def model_identity(provenance: dict, cfg: Sam2Config, backend: str) -> dict:
 
 def describe_model(identity: dict) -> str:
     """One-line human description of a model identity."""
-    return (
-        f"{identity.get('kind')} {str(identity.get('digest'))[:12]} ({identity.get('backend')}, "
-        f"{identity.get('config')} @ {identity.get('resolution')} px)"
-    )
+    kind, digest = identity.get("kind"), str(identity.get("digest"))
+    what = kind if digest == kind else f"{kind} {digest[:12]}"
+    return f"{what} ({identity.get('backend')}, {identity.get('config')} @ {identity.get('resolution')} px)"
 
 
 def embedding_bytes(features: Features, meta: dict) -> bytes:
