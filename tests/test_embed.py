@@ -234,3 +234,20 @@ def test_bundle_identity_follows_the_model_files():
     other = [arts[0], {"file": "decoder.tflite", "sha256": "c" * 64}]
     assert model_identity({**card, "artifacts": other}, TEST_SMALL, "litert") != ident
     assert model_identity(card, TEST_SMALL, "onnx") != ident
+
+
+def test_onnx_bundle_store_gives_plain_segment_mask(photos, tmp_path, capsys):
+    """With a tiny exported bundle: embed, then `segment --model B --embeddings S` == `segment --model B`."""
+    bundle, out = tmp_path / "bundle", tmp_path / "store"
+    assert main(["export", "--target", "onnx", *SMALL, "--out", str(bundle)]) == 0
+    assert main(["embed", str(photos / "rocket.jpg"), "--model", str(bundle), "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / MARKER).read_text())["model"]["kind"] == "bundle"
+    photo, model = photos / "rocket.jpg", ["--model", str(bundle)]
+    stored = _segment(photo, tmp_path, "stored", [*model, "--embeddings", str(out)])
+    assert stored == _segment(photo, tmp_path, "plain", model)
+    capsys.readouterr()
+    rc = main(
+        ["segment", str(photo), "--point", "9,9", *SMALL, "--embeddings", str(out), "--out", str(tmp_path / "x.png")]
+    )
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert rc == 2 and len(err) == 1 and "not this model" in err[0]  # eager predictor, bundle store
