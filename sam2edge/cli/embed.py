@@ -7,6 +7,7 @@ Runs the encoder once per image and stores decoder-ready embeddings (one ``.safe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model and args.checkpoint:
         raise UserError("give --model DIR or --checkpoint FILE, not both (a bundle carries its own weights)")
+    for module in ("pyarrow",) + (("ray",) if args.ray is not None else ()):
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"`sam2edge embed` needs {module}; pip install 'sam2edge[distributed]'")
     images = list_images(args.images)
     common = dict(model=args.model, checkpoint=args.checkpoint, config=args.config, progress=not args.quiet)
     if args.ray is None:

@@ -31,7 +31,10 @@ class StoredImages:
     """The embedded images of one store, for one server model (checked against the store's model)."""
 
     def __init__(self, store: str | Path, backend: Backend, provenance: dict) -> None:
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError("serve --embeddings needs pyarrow; pip install 'sam2edge[distributed]'") from None
 
         self.store = Path(store)
         index = self.store / "index.parquet"
