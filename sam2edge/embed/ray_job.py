@@ -11,8 +11,7 @@ from every node.
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from sam2edge.embed.job import EmbedWorker, RowCallback, load_predictor
 from sam2edge.embed.store import open_store, write_index
@@ -22,25 +21,18 @@ from sam2edge.errors import UserError
 class EmbedActor:
     """One Ray actor: loads the model once (pinned to ``threads`` torch threads), embeds batches."""
 
-    def __init__(self, model, checkpoint, config, store: str, names: dict[str, str], threads: int) -> None:
+    def __init__(self, model, checkpoint, config, store: str, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
         self.worker = EmbedWorker(load_predictor(model, checkpoint, config), store)
-        self.names = names  # absolute path -> image name (the driver's listing)
 
     def __call__(self, batch: dict) -> dict:
         rows = []
         for path, data in zip(batch["path"], batch["bytes"]):
-            name, image = self._lookup(str(path))
-            rows.append(self.worker.process(name, image, bytes(data)))
+            # the name is the file stem, as in ``list_images``; the driver restores its own path spelling
+            rows.append(self.worker.process(PurePath(str(path)).stem, str(path), bytes(data)))
         return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
-
-    def _lookup(self, path: str) -> tuple[str, str]:
-        for candidate in (path, "/" + path.lstrip("/"), os.path.abspath(path)):
-            if candidate in self.names:
-                return self.names[candidate], candidate
-        raise KeyError(f"Ray returned a path that was not listed: {path}")
 
 
 def _connect(address: str | None, num_cpus: int | None) -> bool:
@@ -90,10 +82,10 @@ def run_ray(
     identity = load_predictor(model, checkpoint, config).model_identity()
     store = open_store(store, identity)
     connected = _connect(address, num_cpus)
-    names = {str(p): n for n, p in images}
+    paths = {n: str(p) for n, p in images}
     # reading is I/O: 0 CPUs, so the read tasks never wait behind actors that hold every CPU
-    ds = ray.data.read_binary_files(list(names), include_paths=True, ignore_missing_paths=True, num_cpus=0)
-    kwargs = dict(model=model, checkpoint=checkpoint, config=config, store=str(store.absolute()), names=names)
+    ds = ray.data.read_binary_files(list(paths.values()), include_paths=True, ignore_missing_paths=True, num_cpus=0)
+    kwargs = dict(model=model, checkpoint=checkpoint, config=config, store=str(store.absolute()))
     out = ds.map_batches(
         EmbedActor,
         fn_constructor_kwargs={**kwargs, "threads": cpus_per_actor},
@@ -106,7 +98,8 @@ def run_ray(
     try:
         with tqdm(total=len(images), desc="embed (ray)", unit="img", disable=not progress) as bar:
             for row in out.iter_rows():
-                got[row["name"]] = row = _plain(row)
+                row = {**_plain(row), "image": paths[row["name"]]}
+                got[row["name"]] = row
                 bar.update(1)
                 if on_row is not None:
                     on_row(row)
