@@ -25,6 +25,7 @@ from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.embed.job import run_local
 from sam2edge.embed.store import INDEX, MARKER, TIMING_COLUMNS, list_images
+from sam2edge.errors import UserError
 from sam2edge.runtime.embeddings import EmbeddingError, read_embedding
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import load_image
@@ -251,3 +252,18 @@ def test_onnx_bundle_store_gives_plain_segment_mask(photos, tmp_path, capsys):
     )
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert rc == 2 and len(err) == 1 and "not this model" in err[0]  # eager predictor, bundle store
+
+
+def test_image_listing_folder_glob_list_file(photos, tmp_path):
+    folder = list_images(str(photos))
+    assert [n for n, _ in folder] == ["astronaut", "broken", "chelsea", "coffee", "motorcycle_left", "rocket"]
+    assert [n for n, _ in list_images(str(photos / "*.png"))] == ["astronaut", "chelsea", "coffee", "motorcycle_left"]
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"# photos\n{photos / 'rocket.jpg'}\n\nsub/x.png\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.png").write_bytes(b"")
+    assert list_images(str(lst)) == [("rocket", photos / "rocket.jpg"), ("x", (tmp_path / "sub" / "x.png").absolute())]
+    (tmp_path / "sub" / "rocket.png").write_bytes(b"")
+    lst.write_text(f"{photos / 'rocket.jpg'}\nsub/rocket.png\n")
+    with pytest.raises(UserError, match="share the name 'rocket'"):
+        list_images(str(lst))
