@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "card": ("card", "render a bundle's README.md model card from card.json, fidelity.json and records"),
     "manifest": ("manifest", "check (or rewrite) a bundle's manifest.json: SHA-256 and size of every file"),
     "serve": ("serve", "tap-to-segment web app: encoder on the server, decoder in the browser (LiteRT.js)"),
+    "embed": ("embed", "encode a dataset once (locally or on Ray Data) into a store of embeddings"),
     "sweep": ("sweep", "run every .tflite of a bundle in headless Chromium (LiteRT.js wasm/WebGPU) vs Python CPU"),
 }
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
 
@@ -53,12 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="an export bundle folder to run instead of the eager model")
     p.add_argument("--out", default="mask.png", help="mask PNG to write (default mask.png)")
     p.add_argument("--overlay", default="overlay.png", help="overlay PNG to write (default overlay.png)")
+    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument(
+        "--embeddings",
+        metavar="STORE",
+        help="store written by `sam2edge embed`: use the photo's stored embedding instead of running the encoder",
+    )
     p.add_argument("--multimask", action="store_true", help="predict 3 candidates and keep the best-scored one")
 
 
-def _load(image: str) -> np.ndarray:
+def _path(image: str) -> Path:
     from sam2edge.checks.fidelity import photo_path
-    from sam2edge.runtime.preprocess import load_image
 
     if image.startswith(SAMPLE_PREFIX):
         path = photo_path(image[len(SAMPLE_PREFIX) :])
@@ -66,14 +72,27 @@ def _load(image: str) -> np.ndarray:
             raise UserError(
                 f"no bundled sample {image!r}; try sample:astronaut.png, sample:chelsea.png or sample:coffee.png"
             )
-        return load_image(path)
-    return load_image(image)
+        return path
+    return Path(image)
+
+
+def _set_image(predictor, path: Path, rgb: np.ndarray, store: str | None) -> None:
+    """Encode ``rgb``, or with ``store`` set the photo's stored embedding (its bytes must match)."""
+    if store is None:
+        predictor.set_image(rgb)
+        return
+    from sam2edge.runtime.embeddings import sha256_hex
+
+    predictor.load_embedding(store, path.stem, image_sha256=sha256_hex(path.read_bytes()))
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.point and args.box is None:
         raise UserError("no prompt given; add --point X,Y (repeatable) and/or --box X0,Y0,X1,Y1")
-    rgb = _load(args.image)
+    from sam2edge.runtime.preprocess import load_image
+
+    path = _path(args.image)
+    rgb = load_image(path)
     h, w = rgb.shape[:2]
     for x, y, _ in args.point:
         if not (0 <= x < w and 0 <= y < h):
@@ -97,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         predictor = Sam2Predictor.from_export(args.model)
     else:
-        predictor = Sam2Predictor.from_checkpoint(args.checkpoint)
-    predictor.set_image(rgb)
+        predictor = Sam2Predictor.from_checkpoint(args.checkpoint, CONFIGS[args.config])
+    _set_image(predictor, path, rgb, args.embeddings)
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=args.multimask)
     best = int(np.argmax(scores))
     mask = masks[best] > 0.5

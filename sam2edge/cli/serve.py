@@ -17,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="export bundle folder (a LiteRT bundle lets the browser run the decoder)")
     p.add_argument("--checkpoint", help="weights for the eager model when no --model is given (default: synthetic)")
     p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument("--embeddings", metavar="STORE", help="store from `sam2edge embed`: open its photos, no encoder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, help="largest photo file accepted (default 25 MB)")
@@ -33,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     if args.max_upload_mb <= 0 or args.max_megapixels <= 0:
         raise UserError("--max-upload-mb and --max-megapixels must be positive")
     app = default_app_from_args(args.model, args.checkpoint, args.config)
+    if args.embeddings:
+        from sam2edge.serve.stored import StoredImages
+
+        app.stored = StoredImages(args.embeddings, app.backend, app.provenance)
     app.limits = Limits(max_upload_bytes=int(args.max_upload_mb * 1e6), max_pixels=int(args.max_megapixels * 1e6))
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"WARNING: binding {args.host}: anyone who can reach this address can upload photos", flush=True)

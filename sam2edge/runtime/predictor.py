@@ -133,3 +133,43 @@ class Sam2Predictor:
                 f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}"
             )
         return m.reshape(1, 1, side, side)
+
+    # ---- stored embeddings (``sam2edge embed``) ----------------------------------------------
+    def set_image_embedding(self, features: Features, orig_hw: tuple[int, int]) -> None:
+        """Set decoder-ready features (as ``backend.encode`` returns them) for an image of ``orig_hw``
+        (H, W) pixels, skipping the encoder; ``predict`` then works as after ``set_image``."""
+        from sam2edge.runtime.embeddings import check_shapes
+
+        check_shapes(features, self.cfg, "set_image_embedding")
+        self.reset_predictor()
+        self._orig_hw = (int(orig_hw[0]), int(orig_hw[1]))
+        self._features = features
+        self._is_image_set = True
+
+    def model_identity(self) -> dict:
+        """The identity stored with embeddings of this model (see ``runtime.embeddings.model_identity``)."""
+        from sam2edge.runtime.embeddings import model_identity
+
+        return model_identity(self.provenance, self.cfg, self.backend.name)
+
+    def load_embedding(self, store: str | Path, name: str, image_sha256: str | None = None) -> dict:
+        """Set the stored embedding ``STORE/<name>.safetensors`` (no encoder run) -> its metadata.
+
+        Refuses (EmbeddingError, one line) an embedding of another model, or of other image bytes when
+        ``image_sha256`` (SHA-256 of the image file) is given."""
+        from sam2edge.runtime.embeddings import EmbeddingError, describe_model, embedding_path, read_embedding
+
+        path = embedding_path(store, name)
+        stored = read_embedding(path)
+        mine, theirs = self.model_identity(), stored.meta.get("model", {})
+        if theirs != mine:
+            raise EmbeddingError(
+                f"{path} was embedded by {describe_model(theirs)}, not this model {describe_model(mine)}; "
+                "pass the same --model/--checkpoint/--config as `sam2edge embed`"
+            )
+        if image_sha256 is not None and stored.meta.get("image_sha256") != image_sha256:
+            raise EmbeddingError(
+                f"{path} was embedded from other image bytes (SHA-256 differs); re-run `sam2edge embed` on this photo"
+            )
+        self.set_image_embedding(stored.features, stored.original_size)
+        return stored.meta

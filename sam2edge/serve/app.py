@@ -79,6 +79,7 @@ class App:
         self._sessions: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()  # guards the dicts
         self._model_lock = threading.Lock()  # one encode / decode at a time (2 cores; backends are not re-entrant)
+        self.stored = None  # serve.stored.StoredImages when serving a store of embeddings (--embeddings)
 
     # ---- server ---------------------------------------------------------------------------
     def make_server(self, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> WebServer:
@@ -117,6 +118,7 @@ class App:
                 "max_megapixels": self.limits.max_pixels / 1e6,
             },
             "samples": list(PHOTOS),
+            "stored": self.stored.names() if self.stored else [],
         }
 
     # ---- sessions and photos --------------------------------------------------------------
@@ -145,12 +147,14 @@ class App:
             raise HttpError(404, "no such image (it may have expired); open the photo again")
         return photo
 
-    def add_photo(self, session: str, rgb: np.ndarray) -> tuple[str, Photo, float]:
-        """Encode ``rgb`` (HxWx3 uint8) and keep it under a fresh id -> (id, photo, encode milliseconds)."""
-        x = preprocess(rgb, self.backend.cfg.image_size).numpy()  # 1x3xSxS
+    def add_photo(self, session: str, rgb: np.ndarray, feats: Features | None = None) -> tuple[str, Photo, float]:
+        """Encode ``rgb`` (HxWx3 uint8; or take its stored ``feats``: no encoder run) and keep it under a
+        fresh id -> (id, photo, encode milliseconds)."""
         t0 = time.perf_counter()
-        with self._model_lock:
-            feats = self.backend.encode(x)
+        if feats is None:
+            x = preprocess(rgb, self.backend.cfg.image_size).numpy()  # 1x3xSxS
+            with self._model_lock:
+                feats = self.backend.encode(x)
         ms = (time.perf_counter() - t0) * 1e3
         parts = [np.ascontiguousarray(getattr(feats, k), dtype="<f4").tobytes() for k in FEATURE_ORDER]
         image_id = secrets.token_urlsafe(16)
@@ -164,8 +168,10 @@ class App:
     # ---- routes ---------------------------------------------------------------------------
     def _post_image(self, h: Handler, path: str, query: dict) -> None:
         session = self._session(h)
-        sample = (query.get("sample") or [None])[0]
-        if sample is not None:
+        sample, stored, feats = (query.get("sample") or [None])[0], (query.get("stored") or [None])[0], None
+        if stored is not None and self.stored is not None:
+            rgb, feats = self.stored.load(stored)
+        elif sample is not None:
             if sample not in PHOTOS:
                 raise HttpError(404, f"no sample {sample[:40]!r}; pick one of {', '.join(PHOTOS)}")
             if int(h.headers.get("Content-Length") or 0):
@@ -173,7 +179,7 @@ class App:
             rgb = load_image(photo_path(sample))
         else:
             rgb = decode_upload(h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
-        image_id, photo, ms = self.add_photo(session, rgb)
+        image_id, photo, ms = self.add_photo(session, rgb, feats)
         h.send_json(
             {
                 "id": image_id,

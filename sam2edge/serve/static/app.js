@@ -89,7 +89,8 @@ async function openPhoto(body, sample) {
   state.busy = true;
   setStatus(sample ? `encoding ${sample}…` : 'uploading and encoding…');
   try {
-    const url = sample ? `/api/images?sample=${encodeURIComponent(sample)}` : '/api/images';
+    const [kind, name] = sample && sample.startsWith('stored:') ? ['stored', sample.slice(7)] : ['sample', sample];
+    const url = sample ? `/api/images?${kind}=${encodeURIComponent(name)}` : '/api/images';
     const meta = await (await api(url, { method: 'POST', body: body || '' })).json();
     const [photoBlob, featBuf] = await Promise.all([
       api(`/api/images/${meta.id}/photo.png`).then((r) => r.blob()),
@@ -379,7 +380,7 @@ async function main() {
     setStatus(`the server did not answer: ${e.message}`, true);
     return;
   }
-  for (const s of state.info.samples) {
+  for (const s of [...state.info.samples, ...(state.info.stored || []).map((n) => `stored:${n}`)]) {
     const o = document.createElement('option');
     o.value = s;
     o.textContent = s;
