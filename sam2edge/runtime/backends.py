@@ -82,6 +82,21 @@ class EagerBackend:
         m1, i1 = dec.single_mask(masks, iou)
         return Decoded(m3.numpy(), i3.numpy(), m1.numpy(), i1.numpy(), obj.numpy())
 
+    @torch.no_grad()
+    def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+        """B prompts on one image in one call: coords BxNx2, labels BxN -> Decoded with B rows."""
+        pe = self.model.sam_prompt_encoder
+        sparse = pe.embed_points(
+            torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32)
+        )  # (B, N, C)
+        b = sparse.shape[0]
+        f = [torch.from_numpy(a).expand(b, -1, -1, -1) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
+        masks, iou, obj = self.model.decode(*f, sparse, pe.no_mask_dense)
+        dec = self.model.sam_mask_decoder
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return Decoded(m3.numpy(), i3.numpy(), m1.numpy(), i1.numpy(), obj.numpy())
+
 
 # target name (card.json "target") -> backend class with ``from_bundle(dir) -> Backend``
 BACKENDS: dict[str, type] = {}
@@ -90,3 +105,16 @@ BACKENDS: dict[str, type] = {}
 import sam2edge.runtime.executorch_backend  # noqa: E402,F401
 import sam2edge.runtime.litert_backend  # noqa: E402,F401
 import sam2edge.runtime.onnx_backend  # noqa: E402,F401
+
+
+def decode_batch(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+    """B point prompts (coords BxNx2 model-input px, labels BxN, no mask input) -> Decoded with B rows.
+
+    A backend with a batched decoder (``decode_batch``) runs them in one call; any other backend runs B
+    single decodes (same answers, slower).
+    """
+    batched = getattr(backend, "decode_batch", None)
+    if batched is not None:
+        return batched(feats, coords, labels)
+    rows = [backend.decode(feats, coords[i : i + 1], labels[i : i + 1], None) for i in range(len(coords))]
+    return Decoded(*(np.concatenate([getattr(r, f) for r in rows]) for f in Decoded.__dataclass_fields__))

@@ -163,3 +163,44 @@ class Sam2Predictor:
                 f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}"
             )
         return m.reshape(1, 1, side, side)
+
+    # ---- batched prompts (automatic mask generation) --------------------------------------------
+    @torch.no_grad()
+    def predict_batch(
+        self,
+        point_coords: np.ndarray,
+        point_labels: np.ndarray,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+        normalize_coords: bool = True,
+        max_hole_area: int = 0,
+        max_sprinkle_area: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """B independent point prompts on the set image, in one batched decode where the backend has one.
+
+        point_coords BxNx2 (frame as in ``predict``), point_labels BxN. Returns torch tensors, as
+        upstream's ``_predict``: masks BxCxHxW (original-image pixels; bool, or float logits with
+        return_logits), iou BxC, low-res logits BxCx4ex4e clamped to +-32. ``max_hole_area`` /
+        ``max_sprinkle_area`` > 0 fill small background / foreground components of the low-res logits
+        before upscaling (upstream's ``SAM2ImagePredictor(max_hole_area=, max_sprinkle_area=)``).
+        """
+        from sam2edge.runtime.amg_utils import fill_holes_and_sprinkles
+        from sam2edge.runtime.backends import decode_batch
+
+        self._require_image()
+        pc, pl = np.asarray(point_coords, np.float32), np.asarray(point_labels, np.float32)
+        if pc.ndim != 3 or pc.shape[-1] != 2 or pl.shape != pc.shape[:2]:
+            raise PredictorError(f"point_coords must be BxNx2 and point_labels BxN, got {pc.shape} and {pl.shape}")
+        rows = [self._prompt_points(pc[i], pl[i], None, normalize_coords) for i in range(len(pc))]
+        coords = np.concatenate([r[0] for r in rows])  # (B, N+1, 2) with the pad point
+        labels = np.concatenate([r[1] for r in rows])  # (B, N+1)
+        out = decode_batch(self.backend, self._features, coords, labels)
+        low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
+        low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))
+        filled = low_t
+        if max_hole_area > 0 or max_sprinkle_area > 0:
+            filled = fill_holes_and_sprinkles(low_t, max_hole_area, max_sprinkle_area, self.mask_threshold)
+        masks = F.interpolate(filled, self._orig_hw, mode="bilinear", align_corners=False)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return masks, torch.from_numpy(np.asarray(iou, np.float32)), torch.clamp(low_t, -32.0, 32.0)
