@@ -116,5 +116,10 @@ def decode_batch(backend: Backend, feats: Features, coords: np.ndarray, labels: 
     batched = getattr(backend, "decode_batch", None)
     if batched is not None:
         return batched(feats, coords, labels)
+    return decode_loop(backend, feats, coords, labels)
+
+
+def decode_loop(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+    """The fallback of ``decode_batch``: B single decodes, rows concatenated."""
     rows = [backend.decode(feats, coords[i : i + 1], labels[i : i + 1], None) for i in range(len(coords))]
     return Decoded(*(np.concatenate([getattr(r, f) for r in rows]) for f in Decoded.__dataclass_fields__))
