@@ -241,3 +241,54 @@ def test_cli_everything(small_bundle, tmp_path, capsys):
     assert photo_copy.read_bytes() == before
     err = capsys.readouterr().err
     assert "is the input photo" in err and "does not exist" in err
+
+
+# ---- batched decoder graph (LiteRT) --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def batched_bundle(small_bundle, tmp_path_factory):
+    """A copy of the test-small LiteRT bundle plus decoder_batched.tflite (B = 4) of the same weights."""
+    pytest.importorskip("litert_torch")
+    from sam2edge.export.batched import BatchedTokenDecoderGraph, sample_inputs
+    from sam2edge.export.litert import NamedOutputs, convert_graph
+    from sam2edge.export.wrappers import DECODER_OUTPUTS
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE
+
+    folder = tmp_path_factory.mktemp("batched") / "bundle"
+    shutil.copytree(small_bundle("litert"), folder)
+    sd, _ = load_weights(None, TEST_SMALL)
+    model = build_sam2(TEST_SMALL, Rewrites())
+    model.load_state_dict(sd)
+    graph = NamedOutputs(BatchedTokenDecoderGraph(model, batch=4), DECODER_OUTPUTS)
+    convert_graph(graph, sample_inputs(model, batch=4), folder / BATCHED_DECODER_FILE, "fp32")
+    return folder
+
+
+def test_batched_graph_is_gpu_clean(batched_bundle):
+    from sam2edge.checks.tflite_lint import lint_file
+
+    r = lint_file(batched_bundle / "decoder_batched.tflite")
+    assert r.clean and r.max_rank <= 4 and not r.banned, r.verdict
+    shapes = {t.name: list(t.shape) for t in r.signatures["serving_default"]["inputs"]}
+    assert shapes["sparse_prompt"] == [4, 2, TEST_SMALL.d_model] and shapes["image_embeddings"][0] == 1
+
+
+def test_batched_graph_equals_single_decodes(batched_bundle, chelsea):
+    predictor = Sam2Predictor.from_export(batched_bundle)
+    predictor.set_image(chelsea)
+    rng = np.random.default_rng(1)
+    coords = np.concatenate([rng.uniform(0, 256, (7, 1, 2)), np.zeros((7, 1, 2))], 1).astype(np.float32)
+    labels = np.tile(np.array([[1, -1]], np.float32), (7, 1))  # 7 rows: two calls of 4, the last one padded
+    a = predictor.backend.decode_batch(predictor._features, coords, labels)
+    b = decode_loop(predictor.backend, predictor._features, coords, labels)
+    for f in a.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.shape[0] == 7
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
+
+
+def test_batched_bundle_generator_equals_upstream(batched_bundle, synthetic_upstream, chelsea):
+    kw = dict(GRID, **OPEN)
+    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(batched_bundle), **kw).generate(chelsea)
+    ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
+    assert_same_masks(ours, ref)
