@@ -182,25 +182,20 @@ class Sam2AutomaticMaskGenerator:
     def _process_batch(self, points: np.ndarray, crop_hw, crop_box, orig_size) -> MaskData:
         orig_h, orig_w = orig_size
         pts = torch.as_tensor(points, dtype=torch.float32)  # (B, 2) crop pixels
-        masks, iou, low = self.predictor.predict_batch(
-            pts.numpy()[:, None, :],
-            np.ones((len(pts), 1), np.float32),
-            multimask_output=self.multimask_output,
-            return_logits=True,
-            max_hole_area=self.min_mask_region_area,
-            max_sprinkle_area=self.min_mask_region_area,
-        )
+        ones = np.ones((len(pts), 1), np.float32)
+        low, iou = self.predictor.decode_batch_low_res(pts.numpy()[:, None, :], ones, self.multimask_output)
         data = MaskData(
-            masks=masks.flatten(0, 1),  # (B*C, H, W) logits
-            iou_preds=iou.flatten(0, 1),
-            points=pts.repeat_interleave(masks.shape[1], dim=0),
-            low_res_masks=low.flatten(0, 1),
+            iou_preds=iou.flatten(0, 1),  # (B*C,)
+            points=pts.repeat_interleave(low.shape[1], dim=0),  # (B*C, 2)
+            low_res_masks=low.flatten(0, 1),  # (B*C, 4e, 4e)
         )
-        del masks
         if self.use_m2m:
             data["masks"], data["iou_preds"] = self._refine_with_m2m(data["points"], data["low_res_masks"])
         if self.pred_iou_thresh > 0.0:
             data.filter(data["iou_preds"] > self.pred_iou_thresh)
+        if not self.use_m2m:  # upscale only what the IoU filter kept (upstream upscales all: same result)
+            area = self.min_mask_region_area
+            data["masks"] = self.predictor.upscale_logits(data["low_res_masks"][:, None], area, area)[:, 0]
         data["stability_score"] = amg.calculate_stability_score(
             data["masks"], self.mask_threshold, self.stability_score_offset
         )
@@ -219,7 +214,7 @@ class Sam2AutomaticMaskGenerator:
     def _refine_with_m2m(self, points: torch.Tensor, low_res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One more decode per candidate with its own low-res mask as the mask prompt (single-mask answer)."""
         masks, ious = [], []
-        for p, low in zip(points.numpy(), low_res.numpy()):
+        for p, low in zip(points.numpy(), torch.clamp(low_res, -32.0, 32.0).numpy()):
             m, s, _ = self.predictor.predict(
                 p[None], np.ones(1), mask_input=low[None], multimask_output=False, return_logits=True
             )

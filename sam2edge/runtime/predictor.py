@@ -184,7 +184,17 @@ class Sam2Predictor:
         ``max_sprinkle_area`` > 0 fill small background / foreground components of the low-res logits
         before upscaling (upstream's ``SAM2ImagePredictor(max_hole_area=, max_sprinkle_area=)``).
         """
-        from sam2edge.runtime.amg_utils import fill_holes_and_sprinkles
+        low, iou = self.decode_batch_low_res(point_coords, point_labels, multimask_output, normalize_coords)
+        masks = self.upscale_logits(low, max_hole_area, max_sprinkle_area)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return masks, iou, torch.clamp(low, -32.0, 32.0)
+
+    @torch.no_grad()
+    def decode_batch_low_res(
+        self, point_coords: np.ndarray, point_labels: np.ndarray, multimask_output: bool = True, normalize_coords=True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder half of ``predict_batch``: -> (low-res logits BxCx4ex4e, unclamped; iou BxC)."""
         from sam2edge.runtime.backends import decode_batch
 
         self._require_image()
@@ -196,11 +206,14 @@ class Sam2Predictor:
         labels = np.concatenate([r[1] for r in rows])  # (B, N+1)
         out = decode_batch(self.backend, self._features, coords, labels)
         low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
-        low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))
-        filled = low_t
+        low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))  # (B, C, 4e, 4e)
+        return low_t, torch.from_numpy(np.asarray(iou, np.float32))
+
+    @torch.no_grad()
+    def upscale_logits(self, low: torch.Tensor, max_hole_area: int = 0, max_sprinkle_area: int = 0) -> torch.Tensor:
+        """The upscaling half of ``predict_batch``: BxCx4ex4e logits -> BxCxHxW logits at the set image's size."""
+        from sam2edge.runtime.amg_utils import fill_holes_and_sprinkles
+
         if max_hole_area > 0 or max_sprinkle_area > 0:
-            filled = fill_holes_and_sprinkles(low_t, max_hole_area, max_sprinkle_area, self.mask_threshold)
-        masks = F.interpolate(filled, self._orig_hw, mode="bilinear", align_corners=False)
-        if not return_logits:
-            masks = masks > self.mask_threshold
-        return masks, torch.from_numpy(np.asarray(iou, np.float32)), torch.clamp(low_t, -32.0, 32.0)
+            low = fill_holes_and_sprinkles(low, max_hole_area, max_sprinkle_area, self.mask_threshold)
+        return F.interpolate(low, self._orig_hw, mode="bilinear", align_corners=False)

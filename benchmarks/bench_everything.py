@@ -1,0 +1,87 @@
+"""Segment everything: upstream ``SAM2AutomaticMaskGenerator`` vs sam2edge's generator, one process.
+
+Times ``generate(photo)`` (image encoding included, upstream's default filters) for a points-per-side^2
+grid on a real photo: upstream eager (Meta ``sam2``, torchvision stand-ins from tests/amg_oracle.py),
+sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a LiteRT
+bundle with ``decoder_batched.tflite`` runs B prompts per call, any other bundle one prompt per call).
+Prints median seconds of --runs, mask counts and the ratio to upstream; --out writes the records as JSON.
+
+  .venv/bin/python benchmarks/bench_everything.py [--config sam2.1-hiera-tiny] [--points-per-side 32]
+      [--bundle out/litert --bundle out/onnx] [--photo astronaut.png] [--runs 3] [--threads 2] [--out x.json]
+Smoke run: --config test-small --points-per-side 4 --runs 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from amg_oracle import upstream_generator  # noqa: E402
+from oracles import meta_image_path  # noqa: E402
+
+from sam2edge.checks.fidelity import photo  # noqa: E402
+from sam2edge.config import CONFIGS  # noqa: E402
+from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
+from sam2edge.runtime.backends import EagerBackend  # noqa: E402
+from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
+
+
+def timed(generate, image, runs: int) -> tuple[float, int]:
+    """Median seconds of ``runs`` calls of generate(image), and the mask count of the last one."""
+    times, n = [], 0
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        n = len(generate(image))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
+    ap.add_argument("--points-per-side", type=int, default=32)
+    ap.add_argument("--points-per-batch", type=int, default=64)
+    ap.add_argument("--bundle", action="append", default=[], help="export bundle folder (repeatable)")
+    ap.add_argument("--photo", default="astronaut.png", help="a photo bundled with scikit-image")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", help="write the records as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = CONFIGS[args.config]
+    image = photo(args.photo)
+    kw = dict(points_per_side=args.points_per_side, points_per_batch=args.points_per_batch)
+    path = meta_image_path(cfg, seed=0)
+    runners = {
+        "upstream": upstream_generator(path, cfg, **kw).generate,
+        "sam2edge-eager": Sam2AutomaticMaskGenerator(
+            Sam2Predictor(EagerBackend.from_state_dict(path.state_dict(), cfg)), **kw
+        ).generate,
+    }
+    for b in args.bundle:
+        runners[f"bundle:{b}"] = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(b), **kw).generate
+    records = []
+    with torch.no_grad():
+        for name, generate in runners.items():
+            seconds, masks = timed(generate, image, args.runs)
+            records.append({"runner": name, "seconds": seconds, "masks": masks})
+    base = records[0]["seconds"]
+    grid = f"{args.points_per_side}x{args.points_per_side}"
+    print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
+    for r in records:
+        r.update(ratio=r["seconds"] / base, grid=grid, config=args.config, threads=args.threads, photo=args.photo)
+        print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+
+
+if __name__ == "__main__":
+    main()
