@@ -292,3 +292,35 @@ def test_batched_bundle_generator_equals_upstream(batched_bundle, synthetic_upst
     ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(batched_bundle), **kw).generate(chelsea)
     ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
     assert_same_masks(ours, ref)
+
+
+def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
+    """LiteRT's GPU delegate (software Vulkan, as tests/test_gpu_check.py) takes every op, one partition,
+    and its answers equal the CPU's."""
+    from sam2edge.checks.gpu_check import _ops_total, parse_delegate_log, run_on
+    from sam2edge.checks.gpu_feeds import Feeds
+    from sam2edge.runtime.prompts import encode_points, no_mask_dense
+
+    predictor = Sam2Predictor.from_export(batched_bundle)
+    predictor.set_image(chelsea)
+    backend, f = predictor.backend, predictor._features
+    rows = [
+        encode_points(np.array([[40.0 * i, 30.0], [0, 0]]), np.array([1, -1]), backend.tables, 256, 2)
+        for i in (1, 2, 3, 4)
+    ]
+    arrays = dict(
+        image_embeddings=f.image_embed,
+        feat_s0=f.feat_s0,
+        feat_s1=f.feat_s1,
+        sparse_prompt=np.concatenate([r[0] for r in rows]),
+        sparse_valid=np.concatenate([r[1] for r in rows]),
+        dense_prompt=no_mask_dense(backend.tables, TEST_SMALL.image_embedding_size),
+    )
+    feeds = Feeds(arrays=arrays, runs=[{k: k for k in arrays}])
+    path = batched_bundle / "decoder_batched.tflite"
+    gpu, _, log = run_on(path, "gpu", feeds)
+    cpu, _, _ = run_on(path, "cpu", feeds)
+    res = parse_delegate_log(log, _ops_total(path))
+    assert res.ops_gpu == res.ops_total > 0 and res.partitions == 1 and not res.rejected and not res.gpu_errors
+    for k in cpu:
+        np.testing.assert_allclose(gpu[k], cpu[k], rtol=0, atol=1e-5 * max(1.0, float(np.abs(cpu[k]).max())), err_msg=k)
