@@ -20,6 +20,8 @@ from sam2edge.runtime import amg_utils as amg
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import to_rgb_array
 
+UPSCALE_CHUNK = 16  # candidates upscaled to image size at once (bounds memory on large photos)
+
 # output_mode -> uncompressed RLE to the record's "segmentation"
 OUTPUT_MODES: dict[str, Callable[[dict], object]] = {
     "binary_mask": amg.rle_to_mask,
@@ -125,7 +127,7 @@ class Sam2AutomaticMaskGenerator:
                 "stability_score": float(data["stability_score"][i]),
                 "crop_box": amg.box_xyxy_to_xywh(data["crop_boxes"][i]),
             }
-            for i, rle in enumerate(data["rles"])
+            for i, rle in enumerate(data.cols.get("rles", []))
         ]
 
     def num_batches(self, image_hw: tuple[int, int]) -> int:
@@ -180,7 +182,7 @@ class Sam2AutomaticMaskGenerator:
         return data
 
     def _process_batch(self, points: np.ndarray, crop_hw, crop_box, orig_size) -> MaskData:
-        orig_h, orig_w = orig_size
+        """One decoder batch of grid points (crop pixels) -> the masks it keeps, as RLEs in the image frame."""
         pts = torch.as_tensor(points, dtype=torch.float32)  # (B, 2) crop pixels
         ones = np.ones((len(pts), 1), np.float32)
         low, iou = self.predictor.decode_batch_low_res(pts.numpy()[:, None, :], ones, self.multimask_output)
@@ -193,7 +195,18 @@ class Sam2AutomaticMaskGenerator:
             data["masks"], data["iou_preds"] = self._refine_with_m2m(data["points"], data["low_res_masks"])
         if self.pred_iou_thresh > 0.0:
             data.filter(data["iou_preds"] > self.pred_iou_thresh)
-        if not self.use_m2m:  # upscale only what the IoU filter kept (upstream upscales all: same result)
+        # upscale only what the IoU filter kept (upstream upscales all: same result), a chunk at a time so
+        # that image-size logits of a whole batch never sit in memory at once (per-mask steps: same result)
+        out = MaskData()
+        for start in range(0, len(data), UPSCALE_CHUNK):
+            chunk = MaskData(**{k: v[start : start + UPSCALE_CHUNK] for k, v in data.cols.items()})
+            out.cat(self._filter_and_encode(chunk, crop_box, orig_size))
+        return out
+
+    def _filter_and_encode(self, data: MaskData, crop_box, orig_size) -> MaskData:
+        """Stability filter, boxes, crop-edge filter and RLE of candidates (low-res logits, or masks after m2m)."""
+        orig_h, orig_w = orig_size
+        if "masks" not in data.cols:
             area = self.min_mask_region_area
             data["masks"] = self.predictor.upscale_logits(data["low_res_masks"][:, None], area, area)[:, 0]
         data["stability_score"] = amg.calculate_stability_score(
