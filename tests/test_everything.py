@@ -324,3 +324,43 @@ def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
     assert res.ops_gpu == res.ops_total > 0 and res.partitions == 1 and not res.rejected and not res.gpu_errors
     for k in cpu:
         np.testing.assert_allclose(gpu[k], cpu[k], rtol=0, atol=1e-5 * max(1.0, float(np.abs(cpu[k]).max())), err_msg=k)
+
+
+# ---- batched decoder graph (ONNX) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def onnx_batched_bundle(small_bundle, tmp_path_factory):
+    """A copy of the test-small ONNX bundle plus decoder_batched.onnx (B = 4) of the same weights."""
+    from sam2edge.export.batched import export_onnx
+    from sam2edge.export.onnx import ONNX_REWRITES
+    from sam2edge.model import build_sam2
+    from sam2edge.runtime.onnx_backend import BATCHED_DECODER_FILE
+
+    folder = tmp_path_factory.mktemp("onnx-batched") / "bundle"
+    shutil.copytree(small_bundle("onnx"), folder)
+    sd, _ = load_weights(None, TEST_SMALL)
+    model = build_sam2(TEST_SMALL, ONNX_REWRITES)
+    model.load_state_dict(sd)
+    export_onnx(model, folder / BATCHED_DECODER_FILE, batch=4)
+    return folder
+
+
+def test_onnx_batched_graph_equals_single_decodes(onnx_batched_bundle, chelsea):
+    predictor = Sam2Predictor.from_export(onnx_batched_bundle)
+    assert predictor.backend.batched is not None
+    predictor.set_image(chelsea)
+    rng = np.random.default_rng(2)
+    coords = np.concatenate([rng.uniform(0, 256, (7, 1, 2)), np.zeros((7, 1, 2))], 1).astype(np.float32)
+    labels = np.tile(np.array([[1, -1]], np.float32), (7, 1))  # 7 rows: two calls of 4, the last one padded
+    a = predictor.backend.decode_batch(predictor._features, coords, labels)
+    b = decode_loop(predictor.backend, predictor._features, coords, labels)
+    for f in a.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.shape[0] == 7
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
+
+
+def test_onnx_batched_bundle_generator_equals_upstream(onnx_batched_bundle, synthetic_upstream, chelsea):
+    kw = dict(GRID, **OPEN)
+    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(onnx_batched_bundle), **kw).generate(chelsea)
+    ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
+    assert_same_masks(ours, ref)

@@ -59,3 +59,54 @@ def sample_inputs(model: Sam2ImageModel, batch: int = BATCH, tokens: int = GRID_
         "sparse_valid": torch.ones(batch, tokens),
         "dense_prompt": torch.randn(1, c, e, e, generator=g),
     }
+
+
+class BatchedPointDecoderGraph(nn.Module):
+    """B point prompts per call with the prompt encoder inside (ONNX / ExecuTorch-style contract).
+
+    in : image_embeddings [1,C,e,e], feat_s0, feat_s1 (as above), point_coords [B,N,2] (X, Y) model-input
+         pixels, point_labels [B,N] float (1 fg, 0 bg, -1 pad, -2 ignored slot); no mask input.
+    out: as ``BatchedTokenDecoderGraph``. Row b equals ``PointDecoderGraph`` on row b's prompt.
+    """
+
+    def __init__(self, model: Sam2ImageModel, batch: int = BATCH) -> None:
+        super().__init__()
+        self.model, self.batch = model, batch
+
+    def forward(self, image_embeddings, feat_s0, feat_s1, point_coords, point_labels):
+        pe = self.model.sam_prompt_encoder
+        valid = (point_labels != -2).to(point_coords.dtype)  # (B, N)
+        sparse = pe.embed_points(point_coords, point_labels)  # (B, N, C)
+        emb = torch.cat([image_embeddings] * self.batch)  # (B, C, e, e)
+        s0 = torch.cat([feat_s0] * self.batch)  # (B, C/8, 4e, 4e)
+        s1 = torch.cat([feat_s1] * self.batch)  # (B, C/4, 2e, 2e)
+        masks, iou, obj = self.model.decode(emb, s0, s1, sparse, pe.no_mask_dense, valid)
+        dec = self.model.sam_mask_decoder
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return m3, i3, m1, i1, obj
+
+
+def export_onnx(model: Sam2ImageModel, path, batch: int = BATCH, points: int = GRID_TOKENS, opset: int = 17) -> None:
+    """Trace ``BatchedPointDecoderGraph`` to a self-contained .onnx (fixed B and N; legacy exporter, as
+    ``export.onnx``). Inputs / outputs by name: image_embeddings, feat_s0, feat_s1, point_coords, point_labels
+    -> BATCHED_OUTPUTS."""
+    import warnings
+
+    s = sample_inputs(model, batch, points)
+    coords = torch.rand(batch, points, 2, generator=torch.Generator().manual_seed(1)) * model.cfg.image_size
+    labels = torch.tensor([[1.0] + [-1.0] * (points - 1)] * batch)  # (B, N)
+    args = (s["image_embeddings"], s["feat_s0"], s["feat_s1"], coords, labels)
+    names = ["image_embeddings", "feat_s0", "feat_s1", "point_coords", "point_labels"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            BatchedPointDecoderGraph(model, batch).eval(),
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            do_constant_folding=True,
+            input_names=names,
+            output_names=list(BATCHED_OUTPUTS),
+        )
