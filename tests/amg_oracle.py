@@ -52,13 +52,15 @@ def reference_nms(boxes, scores, idxs, iou_threshold: float) -> torch.Tensor:
     return torch.tensor(kept, dtype=torch.long)
 
 
-def install_torchvision_ops() -> None:
-    """torchvision.transforms (oracles.TorchvisionStandIn) and torchvision.ops.boxes stand-ins."""
+def install_torchvision_ops(nms=reference_nms) -> None:
+    """torchvision.transforms (oracles.TorchvisionStandIn) and torchvision.ops.boxes stand-ins; ``nms`` is the
+    batched NMS (boxes, scores, idxs, iou_threshold) (the brute-force reference unless given, e.g. a fast one
+    for benchmarks). The first call's choice stays (sys.modules.setdefault)."""
     TorchvisionStandIn.install()
     tv = sys.modules["torchvision"]
     ops = types.ModuleType("torchvision.ops")
     boxes = types.ModuleType("torchvision.ops.boxes")
-    boxes.batched_nms = lambda b, s, i, iou_threshold: reference_nms(b, s, i, iou_threshold)
+    boxes.batched_nms = lambda b, s, i, iou_threshold: nms(b, s, i, iou_threshold)
     boxes.box_area = reference_box_area
     ops.boxes = boxes
     tv.ops = ops
