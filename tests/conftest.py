@@ -42,3 +42,22 @@ def sam2edge_sd_from_meta(meta_state_dict):
 def upstream_hf():
     with torch.no_grad():
         return hf_sam2_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_bundle(tmp_path_factory):
+    """target -> a test-small fp32 bundle with the synthetic weights, exported once per session
+    (``sam2edge export --config test-small``); tests that only read a bundle can share it."""
+    from sam2edge.cli.main import main
+
+    made: dict[str, Path] = {}
+
+    def get(target: str) -> Path:
+        if target not in made:
+            out = tmp_path_factory.mktemp(f"small-{target}") / "bundle"
+            argv = ["export", "--target", target, "--config", "test-small", "--precision", "fp32", "--out", str(out)]
+            assert main(argv) == 0
+            made[target] = out
+        return made[target]
+
+    return get

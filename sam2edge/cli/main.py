@@ -17,6 +17,7 @@ from sam2edge.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "segment": ("segment", "segment a photo from points / a box; write mask and overlay PNGs"),
     "track": ("track", "track objects through a video from points / boxes; write mask PNGs and an overlay video"),
+    "everything": ("everything", "segment everything in a photo (grid of prompts): masks JSON + overlay PNG"),
     "verify-official": ("verify_official", "check that a Meta .pt and an HF .safetensors hold identical tensors"),
     "export": ("export", "export encoder + decoder for an edge runtime, verified before it is written"),
     "lint": ("lint", "op census and GPU-readiness verdict of a .tflite file (no TensorFlow)"),

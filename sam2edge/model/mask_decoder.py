@@ -153,7 +153,8 @@ class MaskDecoder(nn.Module):
         """
         B = sparse.shape[0]
         out_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight], dim=0)
-        tokens = torch.cat([out_tokens.unsqueeze(0).expand(B, -1, -1), sparse], dim=1)  # (B, 2+n+N, C)
+        # B copies by concatenation, not expand: a converter folds it into a constant, never BROADCAST_TO
+        tokens = torch.cat([torch.cat([out_tokens.unsqueeze(0)] * B), sparse], dim=1)  # (B, 2+n+N, C)
         src = image_embed + dense  # (B, C, e, e)
         token_bias = None
         if sparse_valid is not None:

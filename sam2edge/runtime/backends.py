@@ -87,6 +87,17 @@ class EagerBackend:
         f = [torch.from_numpy(a) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
         return Decoded(*(t.numpy() for t in self.model.answers(*self.model.decode(*f, sparse, dense))))
 
+    @torch.no_grad()
+    def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+        """B prompts on one image in one call: coords BxNx2, labels BxN -> Decoded with B rows."""
+        pe = self.model.sam_prompt_encoder
+        sparse = pe.embed_points(
+            torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32)
+        )  # (B, N, C)
+        b = sparse.shape[0]
+        f = [torch.from_numpy(a).expand(b, -1, -1, -1) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
+        return Decoded(*(t.numpy() for t in self.model.answers(*self.model.decode(*f, sparse, pe.no_mask_dense))))
+
 
 class _Backends(Mapping):
     """target name (card.json "target") -> backend class, resolved from ``sam2edge.targets.TARGETS``."""
@@ -112,3 +123,22 @@ def backend_for(target: object) -> type:
     if not isinstance(target, str) or target not in BACKENDS:
         raise UserError(f"bundle target {target!r} has no runtime here; known: {', '.join(sorted(BACKENDS))}")
     return BACKENDS[target]
+
+
+
+def decode_batch(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+    """B point prompts (coords BxNx2 model-input px, labels BxN, no mask input) -> Decoded with B rows.
+
+    A backend with a batched decoder (``decode_batch``) runs them in one call; any other backend runs B
+    single decodes (same answers, slower).
+    """
+    batched = getattr(backend, "decode_batch", None)
+    if batched is not None:
+        return batched(feats, coords, labels)
+    return decode_loop(backend, feats, coords, labels)
+
+
+def decode_loop(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+    """The fallback of ``decode_batch``: B single decodes, rows concatenated."""
+    rows = [backend.decode(feats, coords[i : i + 1], labels[i : i + 1], None) for i in range(len(coords))]
+    return Decoded(*(np.concatenate([getattr(r, f) for r in rows]) for f in Decoded.__dataclass_fields__))

@@ -45,6 +45,7 @@ TABLE_FILES: dict[str, tuple[str, object]] = {
     "not_a_point.bin": ("not_a_point", lambda c: (c,)),
     "no_mask.bin": ("no_mask", lambda c: (c,)),
 }
+BATCHED_DECODER_FILE = "decoder_batched.tflite"  # sam2edge.export.batched: B token prompts per call (optional)
 CARD_CONST_FILE = "prompt_encode_const.bin"  # reference card 001: gaussian [2,C/2] | point_embed[1] | not_a_point
 
 
@@ -163,3 +164,41 @@ class LiteRTBackend:
             dense_prompt=np.ascontiguousarray(dense, dtype=np.float32),
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
+
+
+    # ---- batched decoder (optional bundle file ``decoder_batched.tflite``; "segment everything") ----
+    def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+        """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows, through ``decoder_batched.tflite``
+        in chunks of its fixed batch (the last chunk padded by repeating its last row); a bundle without
+        that file runs B single decodes (``backends.decode_loop``)."""
+        from sam2edge.runtime.backends import decode_loop
+
+        path = self.folder / BATCHED_DECODER_FILE
+        if not path.is_file():
+            return decode_loop(self, feats, coords, labels)
+        if getattr(self, "_batched", None) is None:
+            self._batched = _interpreter(path, min(4, os.cpu_count() or 1))
+        shapes = {k: v["shape"] for k, v in self._batched.get_input_details().items()}
+        batch, slots = (int(v) for v in shapes["sparse_prompt"][:2])
+        rows = [encode_points(c, lab, self.tables, self.cfg.image_size, slots) for c, lab in zip(coords, labels)]
+        tokens = np.concatenate([r[0] for r in rows])  # (N, K, C)
+        valid = np.concatenate([r[1] for r in rows])  # (N, K)
+        outs: list[dict] = []
+        for start in range(0, len(tokens), batch):
+            t, v = tokens[start : start + batch], valid[start : start + batch]
+            n = len(t)
+            pad = batch - n
+            t = np.concatenate([t, np.repeat(t[-1:], pad, 0)])  # (B, K, C)
+            v = np.concatenate([v, np.repeat(v[-1:], pad, 0)])  # (B, K)
+            out = self._batched(
+                image_embeddings=feats.image_embed,
+                feat_s0=feats.feat_s0,
+                feat_s1=feats.feat_s1,
+                sparse_prompt=t,
+                sparse_valid=v,
+                dense_prompt=self._no_mask,
+            )
+            outs.append({k: a[:n] for k, a in out.items()})
+        names = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+        return Decoded(*(np.concatenate([o[k] for o in outs]) for k in names))
+

@@ -39,6 +39,8 @@ DECODER_INPUTS = (
     "has_mask_input",
 )
 DECODER_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+BATCHED_DECODER_FILE = "decoder_batched.onnx"  # optional: sam2edge.export.batched.BatchedPointDecoderGraph
+BATCHED_INPUTS = ("image_embeddings", "feat_s0", "feat_s1", "point_coords", "point_labels")
 LABELS = (-2.0, -1.0, 0.0, 1.0, 2.0, 3.0)  # ignored slot, pad, bg, fg, box top-left, box bottom-right
 IGNORED_SLOT = -2.0
 PROVIDERS_ENV, THREADS_ENV = "SAM2EDGE_ORT_PROVIDERS", "SAM2EDGE_ORT_THREADS"
@@ -166,6 +168,9 @@ class OnnxBackend:
             )
         return backend
 
+        batched = folder / BATCHED_DECODER_FILE
+        return backend.attach_batched(batched) if batched.is_file() else backend
+
     def encode(self, image: np.ndarray) -> Features:
         """image 1x3xSxS float32, ImageNet-normalised -> decoder-ready features."""
         s = self.cfg.image_size
@@ -193,3 +198,39 @@ class OnnxBackend:
         feed = dict(zip(DECODER_INPUTS, (feats.image_embed, feats.feat_s0, feats.feat_s1, coords, labels, mask, has)))
         feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()}
         return Decoded(*self.decoder.run(list(DECODER_OUTPUTS), feed))
+
+
+    # ---- batched decoder (optional bundle file ``decoder_batched.onnx``; "segment everything") -------
+    batched = None  # onnxruntime session of sam2edge.export.batched.BatchedPointDecoderGraph (fixed B, N)
+
+    def attach_batched(self, path: str | Path) -> OnnxBackend:
+        """Use ``path`` (a BatchedPointDecoderGraph .onnx) for ``decode_batch``."""
+        self.batched = make_session(path, self.providers)
+        return self
+
+    def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+        """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows: the batched graph in chunks of its
+        fixed batch (the last chunk padded by repeating its last row; prompts padded with ignored slots),
+        else B single decodes."""
+        from sam2edge.runtime.backends import decode_loop
+
+        if self.batched is None:
+            return decode_loop(self, feats, coords, labels)
+        batch, slots = (int(d) for d in self.batched.get_inputs()[3].shape[:2])
+        n_rows, n = coords.shape[:2]
+        if n > slots:
+            raise UserError(f"{n} prompt points exceed the batched decoder's {slots} slots; use single decodes")
+        pts = np.zeros((n_rows, slots, 2), np.float32)
+        lab = np.full((n_rows, slots), IGNORED_SLOT, np.float32)
+        pts[:, :n], lab[:, :n] = coords, labels
+        outs = []
+        for start in range(0, n_rows, batch):
+            p, q = pts[start : start + batch], lab[start : start + batch]
+            k = len(p)
+            p = np.concatenate([p, np.repeat(p[-1:], batch - k, 0)])  # (B, K, 2)
+            q = np.concatenate([q, np.repeat(q[-1:], batch - k, 0)])  # (B, K)
+            feed = dict(zip(BATCHED_INPUTS, (feats.image_embed, feats.feat_s0, feats.feat_s1, p, q)))
+            feed = {key: np.ascontiguousarray(v, dtype=np.float32) for key, v in feed.items()}
+            outs.append([a[:k] for a in self.batched.run(list(DECODER_OUTPUTS), feed)])
+        return Decoded(*(np.concatenate([o[i] for o in outs]) for i in range(len(DECODER_OUTPUTS))))
+

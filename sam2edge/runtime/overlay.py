@@ -30,3 +30,23 @@ def render_overlay(
             color = (0, 220, 0) if lab == 1 else (230, 30, 30)
             draw.ellipse([x - r, y - r, x + r, y + r], fill=color, outline=(255, 255, 255), width=max(1, r // 3))
     return img
+
+
+def mask_colors(n: int, seed: int = 0) -> np.ndarray:
+    """n distinct RGB colours (n x 3 uint8): hues spaced by the golden ratio, full saturation."""
+    import colorsys
+
+    hues = (seed * 0.17 + np.arange(n) * 0.6180339887) % 1.0
+    return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.85, 0.95)] for h in hues], np.uint8)
+
+
+def render_masks(rgb: np.ndarray, masks: list[np.ndarray], alpha: float = 0.55) -> Image.Image:
+    """HxWx3 uint8 photo + HxW bool masks -> RGB image, each mask its own colour; larger masks are drawn
+    first so that smaller ones stay visible (upstream's ``show_anns`` order)."""
+    out = rgb.astype(np.float32).copy()
+    order = sorted(range(len(masks)), key=lambda i: -int(np.count_nonzero(masks[i])))
+    colors = mask_colors(len(masks)).astype(np.float32)
+    for rank, i in enumerate(order):
+        m = np.asarray(masks[i], bool)
+        out[m] = (1 - alpha) * out[m] + alpha * colors[rank]
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))

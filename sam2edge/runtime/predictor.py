@@ -173,3 +173,57 @@ class Sam2Predictor:
             )
         self.set_image_embedding(stored.features, stored.original_size)
         return stored.meta
+
+    # ---- batched prompts (automatic mask generation) --------------------------------------------
+    @torch.no_grad()
+    def predict_batch(
+        self,
+        point_coords: np.ndarray,
+        point_labels: np.ndarray,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+        normalize_coords: bool = True,
+        max_hole_area: int = 0,
+        max_sprinkle_area: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """B independent point prompts on the set image, in one batched decode where the backend has one.
+
+        point_coords BxNx2 (frame as in ``predict``), point_labels BxN. Returns torch tensors, as
+        upstream's ``_predict``: masks BxCxHxW (original-image pixels; bool, or float logits with
+        return_logits), iou BxC, low-res logits BxCx4ex4e clamped to +-32. ``max_hole_area`` /
+        ``max_sprinkle_area`` > 0 fill small background / foreground components of the low-res logits
+        before upscaling (upstream's ``SAM2ImagePredictor(max_hole_area=, max_sprinkle_area=)``).
+        """
+        low, iou = self.decode_batch_low_res(point_coords, point_labels, multimask_output, normalize_coords)
+        masks = self.upscale_logits(low, max_hole_area, max_sprinkle_area)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return masks, iou, torch.clamp(low, -32.0, 32.0)
+
+    @torch.no_grad()
+    def decode_batch_low_res(
+        self, point_coords: np.ndarray, point_labels: np.ndarray, multimask_output: bool = True, normalize_coords=True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder half of ``predict_batch``: -> (low-res logits BxCx4ex4e, unclamped; iou BxC)."""
+        from sam2edge.runtime.backends import decode_batch
+
+        self._require_image()
+        pc, pl = np.asarray(point_coords, np.float32), np.asarray(point_labels, np.float32)
+        if pc.ndim != 3 or pc.shape[-1] != 2 or pl.shape != pc.shape[:2]:
+            raise PredictorError(f"point_coords must be BxNx2 and point_labels BxN, got {pc.shape} and {pl.shape}")
+        rows = [self._prompt_points(pc[i], pl[i], None, normalize_coords) for i in range(len(pc))]
+        coords = np.concatenate([r[0] for r in rows])  # (B, N+1, 2) with the pad point
+        labels = np.concatenate([r[1] for r in rows])  # (B, N+1)
+        out = decode_batch(self.backend, self._features, coords, labels)
+        low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
+        low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))  # (B, C, 4e, 4e)
+        return low_t, torch.from_numpy(np.asarray(iou, np.float32))
+
+    @torch.no_grad()
+    def upscale_logits(self, low: torch.Tensor, max_hole_area: int = 0, max_sprinkle_area: int = 0) -> torch.Tensor:
+        """The upscaling half of ``predict_batch``: BxCx4ex4e logits -> BxCxHxW logits at the set image's size."""
+        from sam2edge.runtime.amg_utils import fill_holes_and_sprinkles
+
+        if max_hole_area > 0 or max_sprinkle_area > 0:
+            low = fill_holes_and_sprinkles(low, max_hole_area, max_sprinkle_area, self.mask_threshold)
+        return F.interpolate(low, self._orig_hw, mode="bilinear", align_corners=False)

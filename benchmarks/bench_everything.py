@@ -1,0 +1,141 @@
+"""Segment everything: upstream ``SAM2AutomaticMaskGenerator`` vs sam2edge's generator, one process.
+
+Times ``generate(photo)`` (image encoding included, upstream's default filters) for a points-per-side^2
+grid on a real photo: upstream eager (Meta ``sam2``, torchvision stand-ins from tests/amg_oracle.py),
+sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a LiteRT
+bundle with ``decoder_batched.tflite`` runs B prompts per call, any other bundle one prompt per call).
+Prints median seconds of --runs, mask counts and the ratio to upstream; --out writes the records as JSON.
+
+  .venv/bin/python benchmarks/bench_everything.py [--config sam2.1-hiera-tiny] [--points-per-side 32]
+      [--bundle out/litert --bundle out/onnx] [--export onnx --export litert] [--photo astronaut.png] [--runs 3]
+      [--threads 2] [--out x.json]
+--export TARGET exports the benchmark's own weights to TARGET with the batched decoder graph (B = --points-per-batch)
+into --workdir and times that bundle too (same weights as upstream, so the mask counts must agree).
+Smoke run: --config test-small --points-per-side 4 --runs 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from amg_oracle import install_torchvision_ops, upstream_generator  # noqa: E402
+from oracles import meta_image_path  # noqa: E402
+
+from sam2edge.checks.fidelity import photo  # noqa: E402
+from sam2edge.cli.main import main as cli  # noqa: E402
+from sam2edge.config import CONFIGS  # noqa: E402
+from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
+from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
+from sam2edge.runtime.backends import EagerBackend  # noqa: E402
+from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
+
+
+def timed(generate, image, runs: int) -> tuple[float, int]:
+    """Median seconds of ``runs`` calls of generate(image), and the mask count of the last one."""
+    times, n = [], 0
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        n = len(generate(image))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), n
+
+
+def export_with_batched(target: str, sd: dict, config: str, batch: int, folder: Path) -> Path:
+    """A fp32 bundle of ``sd`` (``sam2edge export``) plus its batched decoder graph (B = ``batch``)."""
+    from sam2edge.export import batched
+    from sam2edge.model import Rewrites, build_sam2
+
+    ck, out = folder / "weights.pt", folder / f"bundle-{target}"
+    torch.save({"model": sd}, ck)
+    argv = ["export", "--target", target, "--config", config, "--precision", "fp32", "--checkpoint", str(ck)]
+    if cli([*argv, "--out", str(out)]) != 0:
+        raise SystemExit(f"export of {target} failed")
+    if target == "onnx":
+        from sam2edge.export.onnx import ONNX_REWRITES
+
+        model = build_sam2(CONFIGS[config], ONNX_REWRITES)
+        model.load_state_dict(sd)
+        batched.export_onnx(model, out / "decoder_batched.onnx", batch)
+    else:
+        from sam2edge.export.litert import NamedOutputs, convert_graph
+        from sam2edge.export.wrappers import DECODER_OUTPUTS
+
+        model = build_sam2(CONFIGS[config], Rewrites())
+        model.load_state_dict(sd)
+        graph = NamedOutputs(batched.BatchedTokenDecoderGraph(model, batch), DECODER_OUTPUTS)
+        convert_graph(graph, batched.sample_inputs(model, batch), out / batched.BATCHED_DECODER_FILE, "fp32")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
+    ap.add_argument("--points-per-side", type=int, default=32)
+    ap.add_argument("--points-per-batch", type=int, default=64)
+    ap.add_argument("--bundle", action="append", default=[], help="export bundle folder (repeatable)")
+    ap.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        choices=["onnx", "litert"],
+        help="export a bundle of the benchmark's weights with its batched decoder (B = --points-per-batch) and time it",
+    )
+    ap.add_argument(
+        "--open-filters",
+        action="store_true",
+        help="thresholds 0 and NMS 1.0: every candidate is upscaled and encoded (random weights keep ~no mask "
+        "under the default filters, so the default run mostly times the decoder)",
+    )
+    ap.add_argument("--workdir", default="bench-everything", help="where --export writes its bundles")
+    ap.add_argument("--photo", default="astronaut.png", help="a photo bundled with scikit-image")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", help="write the records as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = CONFIGS[args.config]
+    image = photo(args.photo)
+    kw = dict(points_per_side=args.points_per_side, points_per_batch=args.points_per_batch)
+    if args.open_filters:
+        kw.update(pred_iou_thresh=0.0, stability_score_thresh=0.0, box_nms_thresh=1.0)
+    path = meta_image_path(cfg, seed=0)
+    install_torchvision_ops(nms=batched_nms)  # upstream gets a vectorised NMS too, not the tests' brute force
+    runners = {
+        "upstream": upstream_generator(path, cfg, **kw).generate,
+        "sam2edge-eager": Sam2AutomaticMaskGenerator(
+            Sam2Predictor(EagerBackend.from_state_dict(path.state_dict(), cfg)), **kw
+        ).generate,
+    }
+    for target in args.export:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        folder = export_with_batched(target, path.state_dict(), args.config, args.points_per_batch, Path(args.workdir))
+        args.bundle.append(str(folder))
+    for b in args.bundle:
+        runners[f"bundle:{b}"] = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(b), **kw).generate
+    records = []
+    with torch.no_grad():
+        for name, generate in runners.items():
+            seconds, masks = timed(generate, image, args.runs)
+            records.append({"runner": name, "seconds": seconds, "masks": masks})
+    base = records[0]["seconds"]
+    grid = f"{args.points_per_side}x{args.points_per_side}"
+    print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
+    for r in records:
+        r.update(ratio=r["seconds"] / base, grid=grid, open_filters=args.open_filters, config=args.config)
+        r.update(threads=args.threads, photo=args.photo)
+        print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(records, indent=2))
+
+
+if __name__ == "__main__":
+    main()

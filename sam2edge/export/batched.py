@@ -1,0 +1,112 @@
+"""Batched decoder graph: B prompts per call on one image ("segment everything" in B-sized steps).
+
+Token-input contract (as ``TokenDecoderGraph``, with B prompt rows sharing one image; B and K fixed
+at export; e = S/16, C = d_model):
+
+  in : image_embeddings [1,C,e,e], feat_s0 [1,C/8,4e,4e], feat_s1 [1,C/4,2e,2e] (the encoder's outputs,
+       once), sparse_prompt [B,K,C] (host-encoded tokens, ``runtime.prompts.encode_points`` per row),
+       sparse_valid [B,K] (1 used slot, 0 ignored), dense_prompt [1,C,e,e] (the no-mask table, shared)
+  out: masks [B,3,4e,4e] multimask logits, iou_scores [B,3], single_mask [B,1,4e,4e], single_iou [B,1],
+       object_score [B,1]
+
+Row b of every output equals ``TokenDecoderGraph`` on row b's prompt. A grid prompt is one point and
+upstream's pad point, so K = 2 by default. The image is repeated to B rows by multiplying with a
+ones tensor (a broadcasting MUL; GPU delegates reject BROADCAST_TO), every tensor stays rank <= 4.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sam2edge.model import Sam2ImageModel
+from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE  # noqa: F401 - the bundle file name
+
+BATCH = 64  # prompts per call: a 32x32 grid is 16 calls
+GRID_TOKENS = 2  # one point + upstream's pad point
+BATCHED_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+
+
+class BatchedTokenDecoderGraph(nn.Module):
+    """B token-input prompts against one image embedding (module docstring for the contract)."""
+
+    def __init__(self, model: Sam2ImageModel, batch: int = BATCH) -> None:
+        super().__init__()
+        self.model, self.batch = model, batch
+        self.register_buffer("rows", torch.ones(batch, 1, 1, 1), persistent=False)  # (B, 1, 1, 1)
+
+    def forward(self, image_embeddings, feat_s0, feat_s1, sparse_prompt, sparse_valid, dense_prompt):
+        emb = torch.cat([image_embeddings] * self.batch)  # (B, C, e, e)
+        s0 = torch.cat([feat_s0] * self.batch)  # (B, C/8, 4e, 4e)
+        s1 = torch.cat([feat_s1] * self.batch)  # (B, C/4, 2e, 2e)
+        masks, iou, obj = self.model.decode(emb, s0, s1, sparse_prompt, dense_prompt, sparse_valid)
+        dec = self.model.sam_mask_decoder
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return m3, i3, m1, i1, obj
+
+
+def sample_inputs(model: Sam2ImageModel, batch: int = BATCH, tokens: int = GRID_TOKENS) -> dict[str, torch.Tensor]:
+    """Named sample inputs of the batched graph's shapes (for conversion)."""
+    cfg = model.cfg
+    e, c = cfg.image_embedding_size, cfg.d_model
+    g = torch.Generator().manual_seed(0)
+    return {
+        "image_embeddings": torch.randn(1, c, e, e, generator=g),
+        "feat_s0": torch.randn(1, c // 8, 4 * e, 4 * e, generator=g),
+        "feat_s1": torch.randn(1, c // 4, 2 * e, 2 * e, generator=g),
+        "sparse_prompt": torch.randn(batch, tokens, c, generator=g),
+        "sparse_valid": torch.ones(batch, tokens),
+        "dense_prompt": torch.randn(1, c, e, e, generator=g),
+    }
+
+
+class BatchedPointDecoderGraph(nn.Module):
+    """B point prompts per call with the prompt encoder inside (ONNX / ExecuTorch-style contract).
+
+    in : image_embeddings [1,C,e,e], feat_s0, feat_s1 (as above), point_coords [B,N,2] (X, Y) model-input
+         pixels, point_labels [B,N] float (1 fg, 0 bg, -1 pad, -2 ignored slot); no mask input.
+    out: as ``BatchedTokenDecoderGraph``. Row b equals ``PointDecoderGraph`` on row b's prompt.
+    """
+
+    def __init__(self, model: Sam2ImageModel, batch: int = BATCH) -> None:
+        super().__init__()
+        self.model, self.batch = model, batch
+
+    def forward(self, image_embeddings, feat_s0, feat_s1, point_coords, point_labels):
+        pe = self.model.sam_prompt_encoder
+        valid = (point_labels != -2).to(point_coords.dtype)  # (B, N)
+        sparse = pe.embed_points(point_coords, point_labels)  # (B, N, C)
+        emb = torch.cat([image_embeddings] * self.batch)  # (B, C, e, e)
+        s0 = torch.cat([feat_s0] * self.batch)  # (B, C/8, 4e, 4e)
+        s1 = torch.cat([feat_s1] * self.batch)  # (B, C/4, 2e, 2e)
+        masks, iou, obj = self.model.decode(emb, s0, s1, sparse, pe.no_mask_dense, valid)
+        dec = self.model.sam_mask_decoder
+        m3, i3 = dec.multimask(masks, iou)
+        m1, i1 = dec.single_mask(masks, iou)
+        return m3, i3, m1, i1, obj
+
+
+def export_onnx(model: Sam2ImageModel, path, batch: int = BATCH, points: int = GRID_TOKENS, opset: int = 17) -> None:
+    """Trace ``BatchedPointDecoderGraph`` to a self-contained .onnx (fixed B and N; legacy exporter, as
+    ``export.onnx``). Inputs / outputs by name: image_embeddings, feat_s0, feat_s1, point_coords, point_labels
+    -> BATCHED_OUTPUTS."""
+    import warnings
+
+    s = sample_inputs(model, batch, points)
+    coords = torch.rand(batch, points, 2, generator=torch.Generator().manual_seed(1)) * model.cfg.image_size
+    labels = torch.tensor([[1.0] + [-1.0] * (points - 1)] * batch)  # (B, N)
+    args = (s["image_embeddings"], s["feat_s0"], s["feat_s1"], coords, labels)
+    names = ["image_embeddings", "feat_s0", "feat_s1", "point_coords", "point_labels"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            BatchedPointDecoderGraph(model, batch).eval(),
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            do_constant_folding=True,
+            input_names=names,
+            output_names=list(BATCHED_OUTPUTS),
+        )
