@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
+from sam2edge.extras import TARGET_MODULES, require_all
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -76,5 +77,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown export target {args.target!r}; choose one of {', '.join(sorted(TARGETS))}")
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
+    require_all(TARGET_MODULES.get(args.target, ()), f"export --target {args.target}")
     args.command_line = command_line(args)
     return int(TARGETS[args.target](args) or 0)

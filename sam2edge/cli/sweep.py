@@ -8,6 +8,7 @@ import json
 import sys
 
 from sam2edge.errors import UserError
+from sam2edge.extras import require_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_all(("playwright", "ai_edge_litert"), "sweep")
     from sam2edge.checks.sweep import SweepConfig, sweep_bundle
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())

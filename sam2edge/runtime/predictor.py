@@ -18,14 +18,15 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sam2edge.config import HIERA_TINY, Sam2Config
-from sam2edge.errors import UserError
+from sam2edge.extras import RUNTIME_MODULES, require_all
 from sam2edge.runtime.backends import BACKENDS, Backend, EagerBackend, Features
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
+from sam2edge.validate import InputError, check_image_array, check_prompt
 
 MASK_THRESHOLD = 0.0
 
 
-class PredictorError(UserError):
+class PredictorError(InputError):
     """Bad prompt or bundle; the message names the problem and the fix."""
 
 
@@ -45,8 +46,9 @@ class Sam2Predictor:
 
         sd, prov = load_weights(path_or_id, cfg)
         if prov["checkpoint"] == SYNTHETIC and not quiet:
+            why = f"{prov['note']}; " if prov.get("note") else "no checkpoint given; "
             print(
-                "WARNING: no checkpoint given; using the deterministic SYNTHETIC checkpoint. "
+                f"WARNING: {why}using the deterministic SYNTHETIC checkpoint. "
                 "Masks are meaningless until real weights are given (--checkpoint sam2.1_hiera_tiny.pt).",
                 file=sys.stderr,
             )
@@ -68,6 +70,7 @@ class Sam2Predictor:
             raise PredictorError(f"{card} is malformed (no 'target'); re-run `sam2edge export`") from None
         if target not in BACKENDS:
             raise PredictorError(f"bundle target {target!r} has no runtime here; known: {sorted(BACKENDS)}")
+        require_all(RUNTIME_MODULES.get(target, ()), f"a {target} bundle")
         return cls(BACKENDS[target].from_bundle(bundle), meta)
 
     # ---- upstream API -------------------------------------------------------------------
@@ -80,7 +83,7 @@ class Sam2Predictor:
     def set_image(self, image: np.ndarray | Image.Image) -> None:
         """Embed an HxWx3 uint8 RGB array or any PIL image (EXIF orientation applied)."""
         self.reset_predictor()
-        rgb = to_rgb_array(image)
+        rgb = check_image_array(to_rgb_array(image))
         self._orig_hw = rgb.shape[:2]
         x = preprocess(rgb, self.cfg.image_size).numpy()
         self._features = self.backend.encode(x)
@@ -103,8 +106,9 @@ class Sam2Predictor:
         """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C,
         low_res_masks Cx4ex4e logits clamped to +-32)."""
         self._require_image()
+        side = 4 * self.cfg.image_embedding_size
+        point_coords, point_labels, box, mask = check_prompt(point_coords, point_labels, box, mask_input, side)
         coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
-        mask = self._mask_input(mask_input)
         out = self.backend.decode(self._features, coords, labels, mask)
         low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
         low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))
@@ -152,14 +156,3 @@ class Sam2Predictor:
         if not coords:
             return np.zeros((1, 0, 2), np.float32), np.zeros((1, 0), np.float32)
         return np.concatenate(coords)[None], np.concatenate(labels)[None]
-
-    def _mask_input(self, mask_input) -> np.ndarray | None:
-        if mask_input is None:
-            return None
-        m = np.asarray(mask_input, np.float32)
-        side = 4 * self.cfg.image_embedding_size
-        if m.size != side * side:
-            raise PredictorError(
-                f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}"
-            )
-        return m.reshape(1, 1, side, side)
