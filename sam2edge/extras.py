@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 from sam2edge.errors import UserError
@@ -68,7 +69,13 @@ def require(module: str, purpose: str = "") -> ModuleType:
 
 def have(module: str) -> bool:
     """Whether ``module`` can be imported (without importing it)."""
-    return importlib.util.find_spec(module.split(".")[0]) is not None
+    top = module.split(".")[0]
+    if top in sys.modules:
+        return sys.modules[top] is not None
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def require_all(modules: tuple[str, ...], purpose: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +43,10 @@ def check_image_array(image: object) -> np.ndarray:
 
 
 # ---- prompts --------------------------------------------------------------------------------------
-def _float_array(name: str, value: object) -> np.ndarray:
+def _float_array(name: str, value: object, dtype: type = np.float32) -> np.ndarray:
     try:
         with np.errstate(over="ignore"):
-            a = np.asarray(value, dtype=np.float32)  # float32 as the model: 1e39 is inf
+            a = np.asarray(value, dtype=dtype)  # float32 as the model: 1e39 is inf
     except (ValueError, TypeError, OverflowError, RecursionError):
         raise InputError(f"{name} is not an array of numbers ({type(value).__name__}); pass a numpy array") from None
     if not np.isfinite(a).all():
@@ -60,13 +61,14 @@ def check_points(point_coords: object, point_labels: object) -> tuple[np.ndarray
     p = _float_array("point_coords", point_coords)
     if p.size == 0 or p.size % 2 or (p.ndim >= 1 and p.shape[-1] != 2):
         raise InputError(f"point_coords must be Nx2 (X, Y) with N >= 1, got shape {p.shape}")
-    lab = _float_array("point_labels", point_labels).reshape(-1)
+    lab = _float_array("point_labels", point_labels, np.float64).reshape(-1)
     p = p.reshape(-1, 2)
     if len(p) != len(lab):
         raise InputError(f"{len(p)} points but {len(lab)} labels; give one label per point")
-    bad = sorted({float(v) for v in lab if v not in LABELS})
+    bad = [float(v) for v in lab if v not in LABELS]
     if bad:
-        raise InputError(f"point label {bad[0]:g} is not one of -1, 0, 1, 2, 3; use 1 (object) or 0 (background)")
+        shown = int(bad[0]) if bad[0].is_integer() else bad[0]
+        raise InputError(f"point label {shown} is not one of -1, 0, 1, 2, 3; use 1 (object) or 0 (background)")
     return p.astype(np.float32), lab.astype(np.float32)
 
 
@@ -115,13 +117,20 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _writable_folder(path: Path) -> Path | None:
-    """The nearest existing ancestor of ``path`` if files cannot be created there, else None."""
+    """The nearest existing ancestor of ``path`` if files cannot be created there, else None. Probed with a
+    real (hidden, removed) file: ``os.access`` says yes to root even on a read-only mount."""
     folder = path.resolve().parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
         return folder
-    return None if os.access(folder, os.W_OK | os.X_OK) else folder
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".sam2edge-probe.")
+    except OSError:
+        return folder
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def check_outputs(outputs: dict[str, str | Path], inputs: tuple[str | Path, ...] = ()) -> None:
