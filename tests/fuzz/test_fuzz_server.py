@@ -26,7 +26,9 @@ from sam2edge.serve.web import Handler
 @pytest.fixture(scope="module")
 def served():
     pred = Sam2Predictor.from_checkpoint(None, TEST_SMALL, quiet=True)
-    app = App(pred.backend, None, "fuzz", Limits(max_upload_bytes=2_000_000, max_pixels=4_000_000, max_decodes=1))
+    limits = Limits(max_upload_bytes=2_000_000, max_pixels=4_000_000)
+    limits.max_decodes = 1  # one upload decoded at a time
+    app = App(pred.backend, None, "fuzz", limits)
     srv = app.make_server("127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv, app
