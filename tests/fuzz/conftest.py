@@ -28,12 +28,22 @@ class SpyBackend:
         return self.inner.decode(*args)
 
 
+PHOTO = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+
+
 @pytest.fixture(scope="session")
-def small_predictor():
+def _shared_predictor():
     eager = Sam2Predictor.from_checkpoint(None, TEST_SMALL, quiet=True)
     spy = SpyBackend(eager.backend)
-    pred = Sam2Predictor(spy, eager.provenance)
-    pred.set_image(np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8))
+    return Sam2Predictor(spy, eager.provenance), spy
+
+
+@pytest.fixture
+def small_predictor(_shared_predictor):
+    """(predictor with a 32x24 photo set, its spy backend); the photo is set again if a test unset it."""
+    pred, spy = _shared_predictor
+    if not pred._is_image_set or pred._orig_hw != PHOTO.shape[:2]:
+        pred.set_image(PHOTO)
     return pred, spy
 
 
