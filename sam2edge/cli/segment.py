@@ -73,10 +73,19 @@ def _load(image: str) -> np.ndarray:
     return load_image(image)
 
 
+def _input_path(image: str) -> Path:
+    """The file behind an image argument (a bundled sample included), never to be written over."""
+    if image.startswith(SAMPLE_PREFIX):
+        from sam2edge.checks.fidelity import photo_path
+
+        return photo_path(image[len(SAMPLE_PREFIX) :])
+    return Path(image)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.point and args.box is None:
         raise UserError("no prompt given; add --point X,Y (repeatable) and/or --box X0,Y0,X1,Y1")
-    inputs = () if args.image.startswith(SAMPLE_PREFIX) else (args.image,)
+    inputs = (_input_path(args.image),)
     check_outputs({"--out": args.out, "--overlay": args.overlay}, inputs)
     if args.point:
         check_points([p[:2] for p in args.point], [p[2] for p in args.point])

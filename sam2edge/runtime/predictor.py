@@ -82,8 +82,8 @@ class Sam2Predictor:
     @torch.no_grad()
     def set_image(self, image: np.ndarray | Image.Image) -> None:
         """Embed an HxWx3 uint8 RGB array or any PIL image (EXIF orientation applied)."""
+        rgb = check_image_array(to_rgb_array(image))  # a refused image leaves the current one set
         self.reset_predictor()
-        rgb = check_image_array(to_rgb_array(image))
         self._orig_hw = rgb.shape[:2]
         x = preprocess(rgb, self.cfg.image_size).numpy()
         self._features = self.backend.encode(x)

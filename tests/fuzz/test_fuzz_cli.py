@@ -87,6 +87,16 @@ SERVE_CASES = {
 }
 
 
+def test_segment_never_writes_over_a_bundled_sample(tmp_path, capsys):
+    from sam2edge.checks.fidelity import photo_path
+
+    sample = photo_path("astronaut.png")
+    before = sample.read_bytes()
+    argv = ["segment", "sample:astronaut.png", "--point", "3,4", "--out", str(sample)]
+    refused(capsys, argv + ["--overlay", str(tmp_path / "o.png")], "is the input")
+    assert sample.read_bytes() == before and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", list(SERVE_CASES))
 def test_serve_refuses_bad_limits(capsys, name):
     extra, words = SERVE_CASES[name]
