@@ -15,9 +15,9 @@ import types
 
 import torch
 from oracles import TorchvisionStandIn
-from sam2edge.checks.fidelity.upstream import UpstreamImagePath
 from torch import nn
 
+from sam2edge.checks.fidelity.upstream import UpstreamImagePath
 from sam2edge.config import Sam2Config
 
 

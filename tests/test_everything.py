@@ -19,9 +19,9 @@ from amg_oracle import reference_nms, upstream_generator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import meta_image_path
-from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
 
 from sam2edge.checks.fidelity import photo
+from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
@@ -300,7 +300,6 @@ def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
     from sam2edge.checks.gpu.check import _ops_total, run_on
     from sam2edge.checks.gpu.delegate_log import parse_delegate_log
     from sam2edge.checks.gpu.feeds import Feeds
-
     from sam2edge.runtime.prompts import encode_points, no_mask_dense
 
     predictor = Sam2Predictor.from_export(batched_bundle)

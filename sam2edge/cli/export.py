@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
+from sam2edge.extras import TARGET_MODULES, require_all
 from sam2edge.targets import TARGETS, resolve
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -59,6 +60,7 @@ def command_line(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
+    require_all(TARGET_MODULES.get(args.target, ()), f"export --target {args.target}")
     from sam2edge.export.pipeline import check_request, guard_out, run_export
 
     target = check_request(args.target, args.precision)

@@ -12,6 +12,7 @@ import os
 import sys
 
 from sam2edge.errors import UserError
+from sam2edge.io import Terminated
 
 # command name -> (module under sam2edge.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("error: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

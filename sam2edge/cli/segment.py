@@ -11,6 +11,7 @@ from PIL import Image
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
+from sam2edge.validate import check_box, check_outputs, check_points
 
 SAMPLE_PREFIX = "sample:"
 
@@ -49,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--box", type=_box, metavar="X0,Y0,X1,Y1", help="box in image pixels")
     p.add_argument(
-        "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
+        "--checkpoint",
+        help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: the official weights from the hub, "
+        "cached; synthetic weights when offline)",
     )
     p.add_argument("--model", help="an export bundle folder to run instead of the eager model")
     p.add_argument("--out", default="mask.png", help="mask PNG to write (default mask.png)")
@@ -89,9 +92,14 @@ def _set_image(predictor, path: Path, rgb: np.ndarray, store: str | None) -> Non
 def run(args: argparse.Namespace) -> int:
     if not args.point and args.box is None:
         raise UserError("no prompt given; add --point X,Y (repeatable) and/or --box X0,Y0,X1,Y1")
+    path = _path(args.image)
+    check_outputs({"--out": args.out, "--overlay": args.overlay}, (path,))
+    if args.point:
+        check_points([p[:2] for p in args.point], [p[2] for p in args.point])
+    if args.box is not None:
+        check_box(args.box)
     from sam2edge.runtime.preprocess import load_image
 
-    path = _path(args.image)
     rgb = load_image(path)
     h, w = rgb.shape[:2]
     for x, y, _ in args.point:
@@ -112,19 +120,21 @@ def run(args: argparse.Namespace) -> int:
 
     from sam2edge.runtime.overlay import render_overlay
     from sam2edge.runtime.predictor import Sam2Predictor
+    from sam2edge.weights import DEFAULT_CHECKPOINT
 
     if args.model:
         predictor = Sam2Predictor.from_export(args.model)
     else:
-        predictor = Sam2Predictor.from_checkpoint(args.checkpoint, CONFIGS[args.config])
+        tiny = args.config == "sam2.1-hiera-tiny"  # the hub holds Hiera-Tiny weights only
+        checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if tiny else None)
+        predictor = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[args.config])
     _set_image(predictor, path, rgb, args.embeddings)
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=args.multimask)
     best = int(np.argmax(scores))
     mask = masks[best] > 0.5
-    with atomic_path(args.out) as tmp:
-        Image.fromarray(mask.astype(np.uint8) * 255).save(tmp, format="PNG")
-    with atomic_path(args.overlay) as tmp:
-        render_overlay(rgb, mask, coords, labels, box).save(tmp, format="PNG")
+    with atomic_path(args.out) as tmp_mask, atomic_path(args.overlay) as tmp_overlay:  # both or neither
+        Image.fromarray(mask.astype(np.uint8) * 255).save(tmp_mask, format="PNG")
+        render_overlay(rgb, mask, coords, labels, box).save(tmp_overlay, format="PNG")
     print(f"mask:    {Path(args.out).resolve()}")
     print(f"overlay: {Path(args.overlay).resolve()}")
     all_scores = ", ".join(f"{s:.3f}" for s in scores)

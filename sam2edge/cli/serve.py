@@ -11,11 +11,16 @@ import argparse
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
+from sam2edge.validate import check_positive
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="export bundle folder (a LiteRT bundle lets the browser run the decoder)")
-    p.add_argument("--checkpoint", help="weights for the eager model when no --model is given (default: synthetic)")
+    p.add_argument(
+        "--checkpoint",
+        help="weights for the eager model when no --model is given (default: the official weights "
+        "from the hub, cached; synthetic when offline)",
+    )
     p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
     p.add_argument("--embeddings", metavar="STORE", help="store from `sam2edge embed`: open its photos, no encoder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -26,14 +31,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sam2edge.serve.app import Limits, default_app_from_args, serve_forever
+    from sam2edge.weights import DEFAULT_CHECKPOINT
 
     if args.model and args.checkpoint:
         raise UserError("give --model DIR or --checkpoint FILE, not both (a bundle carries its own weights)")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} must lie in 0..65535")
-    if args.max_upload_mb <= 0 or args.max_megapixels <= 0:
-        raise UserError("--max-upload-mb and --max-megapixels must be positive")
-    app = default_app_from_args(args.model, args.checkpoint, args.config)
+    check_positive("--max-upload-mb", args.max_upload_mb)
+    check_positive("--max-megapixels", args.max_megapixels)
+    if args.max_upload_mb > 10_000 or args.max_megapixels > 10_000:
+        raise UserError("--max-upload-mb and --max-megapixels must stay at or below 10000 (10 GB, 10 GP)")
+    tiny = args.config == "sam2.1-hiera-tiny"  # the hub holds Hiera-Tiny weights only
+    checkpoint = DEFAULT_CHECKPOINT if tiny and not (args.checkpoint or args.model) else args.checkpoint
+    app = default_app_from_args(args.model, checkpoint, args.config)
     if args.embeddings:
         from sam2edge.serve.stored import StoredImages
 

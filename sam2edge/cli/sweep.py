@@ -7,6 +7,7 @@ import argparse
 import json
 
 from sam2edge.errors import UserError
+from sam2edge.extras import require_all
 from sam2edge.progress import stage
 
 
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_all(("playwright", "ai_edge_litert"), "sweep")
     from sam2edge.serve.sweep import SweepConfig, sweep_bundle
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())

@@ -125,7 +125,6 @@ def backend_for(target: object) -> type:
     return BACKENDS[target]
 
 
-
 def decode_batch(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
     """B point prompts (coords BxNx2 model-input px, labels BxN, no mask input) -> Decoded with B rows.
 

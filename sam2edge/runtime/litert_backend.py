@@ -165,7 +165,6 @@ class LiteRTBackend:
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
 
-
     # ---- batched decoder (optional bundle file ``decoder_batched.tflite``; "segment everything") ----
     def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
         """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows, through ``decoder_batched.tflite``
@@ -201,4 +200,3 @@ class LiteRTBackend:
             outs.append({k: a[:n] for k, a in out.items()})
         names = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
         return Decoded(*(np.concatenate([o[k] for o in outs]) for k in names))
-

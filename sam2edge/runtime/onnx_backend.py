@@ -199,7 +199,6 @@ class OnnxBackend:
         feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()}
         return Decoded(*self.decoder.run(list(DECODER_OUTPUTS), feed))
 
-
     # ---- batched decoder (optional bundle file ``decoder_batched.onnx``; "segment everything") -------
     batched = None  # onnxruntime session of sam2edge.export.batched.BatchedPointDecoderGraph (fixed B, N)
 
@@ -233,4 +232,3 @@ class OnnxBackend:
             feed = {key: np.ascontiguousarray(v, dtype=np.float32) for key, v in feed.items()}
             outs.append([a[:k] for a in self.batched.run(list(DECODER_OUTPUTS), feed)])
         return Decoded(*(np.concatenate([o[i] for o in outs]) for i in range(len(DECODER_OUTPUTS))))
-

@@ -18,15 +18,16 @@ from PIL import Image
 
 from sam2edge.bundle import load_card
 from sam2edge.config import HIERA_TINY, Sam2Config
-from sam2edge.errors import UserError
+from sam2edge.extras import RUNTIME_MODULES, require_all
 from sam2edge.runtime.backends import Backend, EagerBackend, Features, backend_for
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
 from sam2edge.runtime.prompts import prompt_layout
+from sam2edge.validate import InputError, check_image_array, check_prompt
 
 MASK_THRESHOLD = 0.0
 
 
-class PredictorError(UserError):
+class PredictorError(InputError):
     """Bad prompt or bundle; the message names the problem and the fix."""
 
 
@@ -46,8 +47,9 @@ class Sam2Predictor:
 
         sd, prov = load_weights(path_or_id, cfg)
         if prov["checkpoint"] == SYNTHETIC and not quiet:
+            why = f"{prov['note']}; " if prov.get("note") else "no checkpoint given; "
             print(
-                "WARNING: no checkpoint given; using the deterministic SYNTHETIC checkpoint. "
+                f"WARNING: {why}using the deterministic SYNTHETIC checkpoint. "
                 "Masks are meaningless until real weights are given (--checkpoint sam2.1_hiera_tiny.pt).",
                 file=sys.stderr,
             )
@@ -57,6 +59,7 @@ class Sam2Predictor:
     def from_export(cls, bundle: str | Path) -> Sam2Predictor:
         """Predictor over an exported bundle (its card.json names the target runtime)."""
         meta = load_card(Path(bundle))  # validated: a malformed card is one line
+        require_all(RUNTIME_MODULES.get(meta["target"], ()), f"a {meta['target']} bundle")
         return cls(backend_for(meta["target"]).from_bundle(Path(bundle)), meta)
 
     # ---- upstream API -------------------------------------------------------------------
@@ -68,8 +71,8 @@ class Sam2Predictor:
     @torch.no_grad()
     def set_image(self, image: np.ndarray | Image.Image) -> None:
         """Embed an HxWx3 uint8 RGB array or any PIL image (EXIF orientation applied)."""
+        rgb = check_image_array(to_rgb_array(image))  # a refused image leaves the current one set
         self.reset_predictor()
-        rgb = to_rgb_array(image)
         self._orig_hw = rgb.shape[:2]
         x = preprocess(rgb, self.cfg.image_size).numpy()
         self._features = self.backend.encode(x)
@@ -93,7 +96,8 @@ class Sam2Predictor:
         low_res_masks Cx4ex4e logits clamped to +-32)."""
         self._require_image()
         coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
-        mask = self._mask_input(mask_input)
+        side = 4 * self.cfg.image_embedding_size
+        point_coords, point_labels, box, mask = check_prompt(point_coords, point_labels, box, mask_input, side)
         out = self.backend.decode(self._features, coords, labels, mask)
         low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
         low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))
@@ -122,17 +126,6 @@ class Sam2Predictor:
             if n_pts != n_lab:
                 raise PredictorError(f"{n_pts} points but {n_lab} labels; give one label per point")
         return prompt_layout(box, point_coords, point_labels, wh, size)
-
-    def _mask_input(self, mask_input) -> np.ndarray | None:
-        if mask_input is None:
-            return None
-        m = np.asarray(mask_input, np.float32)
-        side = 4 * self.cfg.image_embedding_size
-        if m.size != side * side:
-            raise PredictorError(
-                f"mask_input must be 1x{side}x{side} low-res logits (from a previous predict), got {m.shape}"
-            )
-        return m.reshape(1, 1, side, side)
 
     # ---- stored embeddings (``sam2edge embed``) ----------------------------------------------
     def set_image_embedding(self, features: Features, orig_hw: tuple[int, int]) -> None:

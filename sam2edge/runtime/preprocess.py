@@ -13,23 +13,21 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from sam2edge.errors import UserError
+from sam2edge.validate import InputError, check_image_array
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 MAX_PIXELS = 100_000_000  # refuse decompression bombs above this many pixels
 
 
-class ImageError(UserError):
+class ImageError(InputError):
     """An image that cannot be read or used."""
 
 
 def to_rgb_array(image: np.ndarray | Image.Image) -> np.ndarray:
     """Any PIL image (RGB, RGBA, L, I;16, P, CMYK, ...; EXIF orientation applied) or HxWx3 uint8 -> HxWx3 uint8."""
     if isinstance(image, np.ndarray):
-        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise ImageError(f"image array must be HxWx3 uint8 RGB, got shape {image.shape} dtype {image.dtype}")
-        return image
+        return check_image_array(image)
     if not isinstance(image, Image.Image):
         raise ImageError(f"image must be a numpy HxWx3 uint8 array or a PIL image, got {type(image).__name__}")
     image = ImageOps.exif_transpose(image)

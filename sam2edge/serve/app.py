@@ -31,14 +31,17 @@ import numpy as np
 
 from sam2edge.checks.fidelity import PHOTOS, photo_path
 from sam2edge.errors import UserError
+from sam2edge.extras import NPM_FIX
 from sam2edge.runtime.backends import Backend, Features
 from sam2edge.runtime.preprocess import load_image, preprocess
 from sam2edge.serve.assets import STATIC_DIR, BrowserDecoder, litertjs_version, node_modules, vendor_mounts
 from sam2edge.serve.uploads import decode_upload, encode_png
 from sam2edge.serve.web import Handler, HttpError, Mounts, WebServer
+from sam2edge.validate import InputError, check_points
 
 FEATURE_ORDER = ("image_embed", "feat_s0", "feat_s1")
 MAX_PROMPT_POINTS = 64
+BUSY_WAIT_S = 20.0  # an upload waits this long for a decode slot, then gets 503
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Limits:
     max_pixels: int = 50_000_000
     max_images: int = 16  # photos kept in memory, all sessions together (oldest dropped first)
     max_sessions: int = 1000
+    max_decodes: int = 2  # uploads read + decoded at once (each can hold ~0.5 GB at 50 MP); others wait
 
 
 @dataclass
@@ -74,12 +78,13 @@ class App:
         self.provenance = provenance or {}
         self.nm = node_modules()
         if self.nm is None and decoder is not None:
-            self.decoder_note = "LiteRT.js is not installed (run `npm ci` at the repo root)"
+            self.decoder_note = f"LiteRT.js is not installed; {NPM_FIX}"
         self._photos: OrderedDict[str, Photo] = OrderedDict()
         self._sessions: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()  # guards the dicts
         self._model_lock = threading.Lock()  # one encode / decode at a time (2 cores; backends are not re-entrant)
         self.stored = None  # serve.stored.StoredImages when serving a store of embeddings (--embeddings)
+        self._decode_slots = threading.BoundedSemaphore(self.limits.max_decodes)
 
     # ---- server ---------------------------------------------------------------------------
     def make_server(self, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> WebServer:
@@ -171,15 +176,22 @@ class App:
         sample, stored, feats = (query.get("sample") or [None])[0], (query.get("stored") or [None])[0], None
         if stored is not None and self.stored is not None:
             rgb, feats = self.stored.load(stored)
+            image_id, photo, ms = self.add_photo(session, rgb, feats)
         elif sample is not None:
             if sample not in PHOTOS:
                 raise HttpError(404, f"no sample {sample[:40]!r}; pick one of {', '.join(PHOTOS)}")
             if int(h.headers.get("Content-Length") or 0):
                 h.read_body(1024)
             rgb = load_image(photo_path(sample))
+            image_id, photo, ms = self.add_photo(session, rgb)
         else:
-            rgb = decode_upload(h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
-        image_id, photo, ms = self.add_photo(session, rgb, feats)
+            if not self._decode_slots.acquire(timeout=BUSY_WAIT_S):
+                raise HttpError(503, "the server is busy decoding other photos; try again in a moment")
+            try:  # the upload, its pixels and their encoding: at most max_decodes at once
+                rgb = decode_upload(h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
+                image_id, photo, ms = self.add_photo(session, rgb)
+            finally:
+                self._decode_slots.release()
         h.send_json(
             {
                 "id": image_id,
@@ -233,14 +245,15 @@ def parse_prompt(body: bytes, image_size: int) -> tuple[np.ndarray, np.ndarray]:
     """JSON {"coords": [[x, y], ...], "labels": [...]} -> (coords 1xNx2 float32, labels 1xN float32)."""
     try:
         obj = json.loads(body)
-        coords = np.asarray(obj["coords"], dtype=np.float32).reshape(-1, 2)
-        labels = np.asarray(obj["labels"], dtype=np.float32).reshape(-1)
-    except (ValueError, KeyError, TypeError):
+        raw_coords, raw_labels = obj["coords"], obj["labels"]
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
         raise HttpError(400, 'the prompt must be JSON {"coords": [[x, y], ...], "labels": [...]}') from None
-    if len(coords) != len(labels) or not 1 <= len(labels) <= MAX_PROMPT_POINTS:
+    try:
+        coords, labels = check_points(raw_coords, raw_labels)
+    except InputError as e:
+        raise HttpError(400, str(e)) from None
+    if not 1 <= len(labels) <= MAX_PROMPT_POINTS:
         raise HttpError(400, f"give 1..{MAX_PROMPT_POINTS} coords with one label each")
-    if not np.isin(labels, (-1, 0, 1, 2, 3)).all() or not np.isfinite(coords).all():
-        raise HttpError(400, "labels must be -1, 0, 1, 2 or 3 and coords finite numbers")
     if (coords < 0).any() or (coords > image_size).any():
         raise HttpError(400, f"coords are model-input pixels and must lie in [0, {image_size}]")
     return coords[None], labels[None]

@@ -17,6 +17,8 @@ from sam2edge.runtime.preprocess import to_rgb_array
 from sam2edge.serve.web import HttpError
 
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+GUARD = "(decompression bomb guard); downscale it or strip its metadata first"
+MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")
 
 
 def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
@@ -27,18 +29,19 @@ def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data), formats=FORMATS)
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning):
-        # PIL refuses to identify huge headers itself; tell which one it is
-        if _looks_like_image(data):
-            raise HttpError(
-                413,
-                f"the image has more pixels than the limit of {max_pixels / 1e6:.0f} MP "
-                "(decompression bomb guard); downscale it first",
-            ) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise HttpError(413, f"the image has more pixels than the limit of {max_pixels / 1e6:.0f} MP {GUARD}") from None
+    except UnidentifiedImageError:
+        if _looks_like_image(data):  # PIL refuses a header it cannot use (zero width, say): a bad file
+            raise HttpError(400, "the image header is invalid (zero width or height?); open a valid photo") from None
         raise HttpError(
             415, "the upload is not an image PNG/JPEG/WebP/BMP/GIF/TIFF can read; open a photo file"
         ) from None
-    except OSError as e:
+    except ValueError as e:  # PIL's limit on compressed metadata chunks (a text-chunk bomb)
+        if "too large" in str(e).lower():
+            raise HttpError(413, f"the image's metadata inflates past the size limit {GUARD}") from None
+        raise HttpError(400, f"cannot read the image ({_first_line(e)}); the file may be corrupt") from None
+    except (OSError, SyntaxError, RecursionError) as e:
         raise HttpError(
             400, f"cannot read the image ({_first_line(e)}); the file may be truncated or corrupt"
         ) from None
@@ -46,23 +49,27 @@ def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
         w, h = im.size
         if w * h > max_pixels:
             raise HttpError(
-                413,
-                f"the image is {w}x{h} = {w * h / 1e6:.0f} MP; the limit is {max_pixels / 1e6:.0f} MP "
-                "(decompression bomb guard); downscale it first",
+                413, f"the image is {w}x{h} = {w * h / 1e6:.0f} MP; the limit is {max_pixels / 1e6:.0f} MP {GUARD}"
             )
         if w < 1 or h < 1:
             raise HttpError(400, f"the image is {w}x{h}; open a photo with at least one pixel")
         try:
-            im.load()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                im.load()
             return to_rgb_array(im)
-        except (OSError, SyntaxError, ValueError) as e:
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise HttpError(
+                413, f"the image has more pixels than the limit of {max_pixels / 1e6:.0f} MP {GUARD}"
+            ) from None
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as e:
             raise HttpError(
                 400, f"cannot decode the image ({_first_line(e)}); the file may be truncated or corrupt"
             ) from None
 
 
 def _looks_like_image(data: bytes) -> bool:
-    return data[:8] == b"\x89PNG\r\n\x1a\n" or data[:3] == b"\xff\xd8\xff" or data[:4] in (b"RIFF", b"GIF8")
+    return data.startswith(MAGIC)
 
 
 def _first_line(e: BaseException) -> str:

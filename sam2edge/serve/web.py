@@ -41,6 +41,7 @@ ISOLATION_HEADERS = {
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SOCKET_TIMEOUT_S = 30.0  # seconds a client may stay silent mid-request
 DRAIN_LIMIT = 256_000_000  # an oversized upload up to this size is read and dropped before the 413 answer
 
 
@@ -83,6 +84,7 @@ class Handler(BaseHTTPRequestHandler):
 
     server_version = "sam2edge"
     protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S  # a silent client is dropped, not waited on forever (StreamRequestHandler)
 
     def version_string(self) -> str:
         return self.server_version
@@ -132,7 +134,25 @@ class Handler(BaseHTTPRequestHandler):
                 f"upload is {n / 1e6:.1f} MB; the limit is {limit / 1e6:.1f} MB (start serve with a "
                 "larger --max-upload-mb, or send a smaller file)",
             )
-        return self.rfile.read(n)
+        return self._read_exactly(n)
+
+    def _read_exactly(self, n: int) -> bytes:
+        """Exactly ``n`` body bytes, or HttpError (the client stopped early, or went silent) and the
+        connection is closed: a short body is never taken for a complete one."""
+        buf = bytearray()
+        try:
+            while len(buf) < n:
+                chunk = self.rfile.read(min(n - len(buf), 1 << 20))
+                if not chunk:
+                    break
+                buf += chunk
+        except TimeoutError:
+            self.close_connection = True
+            raise HttpError(408, f"the body stopped after {len(buf)} of {n} bytes (timeout); send it again") from None
+        if len(buf) < n:
+            self.close_connection = True
+            raise HttpError(400, f"the body ended after {len(buf)} of {n} bytes (Content-Length); send it again")
+        return bytes(buf)
 
     def _dispatch(self, method: str) -> None:
         try:
@@ -153,8 +173,11 @@ class Handler(BaseHTTPRequestHandler):
         except HttpError as e:
             if method == "POST":
                 self.close_connection = True  # a body may be left unread: never parse it as a request
-            self.send_error_json(e.status, e.message)
-        except (BrokenPipeError, ConnectionResetError):
+            try:
+                self.send_error_json(e.status, e.message)
+            except OSError:  # the client is gone: nothing to answer, nothing to log
+                self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as e:  # a bug or a runtime failure: answer, log, keep serving
             self.log_error("%s failed: %r", self.path[:120], e)

@@ -1,6 +1,7 @@
 """Official checkpoints (Meta .pt, HF .safetensors) -> sam2edge weights, through one key map."""
 
 from sam2edge.weights.load import (
+    DEFAULT_CHECKPOINT,
     HUB_ID,
     OFFICIAL_SHA256,
     SYNTHETIC,
@@ -14,6 +15,7 @@ from sam2edge.weights.load import (
 )
 
 __all__ = [
+    "DEFAULT_CHECKPOINT",
     "HUB_ID",
     "OFFICIAL_SHA256",
     "SYNTHETIC",

@@ -24,6 +24,9 @@ OFFICIAL_SHA256 = {
     "model.safetensors": "48c14467e5cf9e51870511feb72c89688e82dd74523142c0538b663e193ac2a7",
 }
 SYNTHETIC = "synthetic"
+DEFAULT_CHECKPOINT = "default"  # the official weights from the hub (cached), else synthetic with one warning
+HUB_FILE = "model.safetensors"
+HUB_TIMEOUT_S = 3.0  # the hub reachability check gives up after this long
 
 
 class WeightsError(UserError):
@@ -153,6 +156,8 @@ def resolve_checkpoint(spec: str | None) -> str:
     """A path, a hub id (fetched only now, online), or None -> a local path or ``SYNTHETIC``."""
     if spec is None or spec == SYNTHETIC:
         return SYNTHETIC
+    if spec == DEFAULT_CHECKPOINT:
+        return DEFAULT_CHECKPOINT
     if Path(spec).exists():
         return spec
     if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.endswith((".pt", ".safetensors")):
@@ -172,10 +177,15 @@ def resolve_checkpoint(spec: str | None) -> str:
 def load_weights(spec: str | None, cfg: Sam2Config = HIERA_TINY) -> tuple[dict[str, torch.Tensor], dict]:
     """sam2edge state dict + provenance {"checkpoint", "format", "sha256"} for a checkpoint spec."""
     path = resolve_checkpoint(spec)
+    note = None
+    if path == DEFAULT_CHECKPOINT:
+        path, note = resolve_default_checkpoint()
     if path == SYNTHETIC:
-        return synthetic_state_dict(cfg), {"checkpoint": SYNTHETIC, "format": SYNTHETIC, "sha256": None}
+        prov = {"checkpoint": SYNTHETIC, "format": SYNTHETIC, "sha256": None}
+        return synthetic_state_dict(cfg), {**prov, "note": note} if note else prov
     sd, fmt = read_checkpoint(path)
     mapped = to_sam2edge(sd, fmt, expected_shapes(cfg), str(path))
+    check_finite(mapped, str(path))
     return mapped, {"checkpoint": str(path), "format": fmt, "sha256": sha256_file(path)}
 
 
@@ -196,3 +206,69 @@ def save_checkpoint(sd: dict[str, torch.Tensor], fmt: str, path: str | Path) -> 
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# ---- finite weights --------------------------------------------------------------------------------
+def check_finite(sd: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse a state dict with a NaN or infinite value, naming the tensor(s)."""
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise WeightsError(
+            f"checkpoint {source} has NaN or infinite values in {_summary('tensors', bad)}; "
+            "the file is corrupt: re-download the official checkpoint"
+        )
+
+
+# ---- the default checkpoint: official weights from the hub, else synthetic ------------------------------
+def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> str | None:
+    """None when the hub answers a TCP connection within ``timeout_s`` (DNS included), else the reason."""
+    import socket
+    import threading
+    import urllib.parse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    result: list[str | None] = [f"no answer within {timeout_s:.0f} s"]
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            result[0] = None
+        except OSError as e:
+            result[0] = f"{host} unreachable: {e.strerror or type(e).__name__}"
+
+    t = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of its own
+    t.start()
+    t.join(timeout_s)
+    return result[0]
+
+
+def fetch_official() -> str:
+    """Download (or reuse from the hub cache) the official model.safetensors, with a progress bar, and
+    check its SHA-256 -> local path. Raises WeightsError on a checksum mismatch."""
+    from sam2edge.extras import require
+
+    hub = require("huggingface_hub")
+    path = hub.hf_hub_download(HUB_ID, HUB_FILE)
+    digest = sha256_file(path)
+    if digest != OFFICIAL_SHA256[HUB_FILE]:
+        raise WeightsError(
+            f"{path} has SHA-256 {digest[:12]}..., not the official {OFFICIAL_SHA256[HUB_FILE][:12]}...; "
+            "delete it from the hub cache (huggingface-cli delete-cache) and run again"
+        )
+    return path
+
+
+def resolve_default_checkpoint() -> tuple[str, str | None]:
+    """-> (official weights path, None) when the hub is reachable, else (SYNTHETIC, why, in a few words)."""
+    reason = hub_reachable()
+    if reason is None:
+        try:
+            return fetch_official(), None
+        except WeightsError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any hub failure means offline for the user
+            reason = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+    return SYNTHETIC, f"the official weights are not available ({reason})"
