@@ -9,6 +9,7 @@ from pathlib import Path
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
+from sam2edge.validate import check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,17 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-region-area", type=int, default=0, help="fill holes / drop islands up to this area")
 
 
-def _check_outputs(image: str, out: Path, overlay: Path) -> None:
-    src = Path(image).resolve() if Path(image).exists() else None
+def _check_outputs(image: Path, out: Path, overlay: Path) -> None:
+    """The shared output checks (never over the input, not one file twice, no folder) plus the suffixes."""
+    check_outputs({"--out": out, "--overlay": overlay}, (image,))
     for path, want in ((out, ".json"), (overlay, ".png")):
-        if src is not None and path.resolve() == src:
-            raise UserError(f"output {path} is the input photo; choose another file name")
         if path.suffix.lower() != want:
             raise UserError(f"output {path} must end in {want}")
-        if path.is_dir():
-            raise UserError(f"output {path} is a folder; give a file name")
-    if out.resolve() == overlay.resolve():
-        raise UserError(f"--out and --overlay are the same file {out}; give two names")
 
 
 def _generator_kwargs(args: argparse.Namespace) -> dict:
@@ -63,15 +59,17 @@ def _generator_kwargs(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     from pycocotools import mask as mask_utils
 
-    from sam2edge.cli.segment import _load
+    from sam2edge.cli.segment import image_path
     from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
     from sam2edge.runtime.overlay import render_masks
     from sam2edge.runtime.predictor import Sam2Predictor
+    from sam2edge.runtime.preprocess import load_image
 
     out, overlay = Path(args.out), Path(args.overlay)
-    _check_outputs(args.image, out, overlay)
+    photo = image_path(args.image)
+    _check_outputs(photo, out, overlay)
     kwargs = _generator_kwargs(args)
-    rgb = _load(args.image)
+    rgb = load_image(photo)
     if args.model:
         predictor = Sam2Predictor.from_export(args.model)
     else:

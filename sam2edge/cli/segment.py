@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--multimask", action="store_true", help="predict 3 candidates and keep the best-scored one")
 
 
-def _path(image: str) -> Path:
+def image_path(image: str) -> Path:
     from sam2edge.checks.fidelity import photo_path
 
     if image.startswith(SAMPLE_PREFIX):
@@ -92,7 +92,7 @@ def _set_image(predictor, path: Path, rgb: np.ndarray, store: str | None) -> Non
 def run(args: argparse.Namespace) -> int:
     if not args.point and args.box is None:
         raise UserError("no prompt given; add --point X,Y (repeatable) and/or --box X0,Y0,X1,Y1")
-    path = _path(args.image)
+    path = image_path(args.image)
     check_outputs({"--out": args.out, "--overlay": args.overlay}, (path,))
     if args.point:
         check_points([p[:2] for p in args.point], [p[2] for p in args.point])
