@@ -240,7 +240,7 @@ def test_cli_everything(small_bundle, tmp_path, capsys):
     assert main(["everything", str(tmp_path / "missing.png"), "--model", str(bundle)]) == 2
     assert photo_copy.read_bytes() == before
     err = capsys.readouterr().err
-    assert "is the input photo" in err and "does not exist" in err
+    assert "is the input" in err and "does not exist" in err
 
 
 # ---- batched decoder graph (LiteRT) --------------------------------------------------------------

@@ -95,9 +95,9 @@ class Sam2Predictor:
         """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C,
         low_res_masks Cx4ex4e logits clamped to +-32)."""
         self._require_image()
-        coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
         side = 4 * self.cfg.image_embedding_size
         point_coords, point_labels, box, mask = check_prompt(point_coords, point_labels, box, mask_input, side)
+        coords, labels = self._prompt_points(point_coords, point_labels, box, normalize_coords)
         out = self.backend.decode(self._features, coords, labels, mask)
         low, iou = (out.masks, out.iou) if multimask_output else (out.single_mask, out.single_iou)
         low_t = torch.from_numpy(np.ascontiguousarray(low, dtype=np.float32))
@@ -113,18 +113,11 @@ class Sam2Predictor:
             raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
 
     def _prompt_points(self, point_coords, point_labels, box, normalize_coords) -> tuple[np.ndarray, np.ndarray]:
-        """Upstream's prompt order: box corners (labels 2, 3), then points, then one pad point (-1)."""
+        """Upstream's prompt order: box corners (labels 2, 3), then points, then one pad point (-1); the
+        arguments already passed ``validate.check_prompt``."""
         h, w = self._orig_hw
         size = np.float32(self.cfg.image_size)
         wh = np.array([w, h], np.float32) if normalize_coords else np.ones(2, np.float32)
-        if box is not None and np.asarray(box).size != 4:
-            raise PredictorError(f"box must have 4 numbers X0,Y0,X1,Y1, got shape {np.asarray(box).shape}")
-        if point_coords is not None:
-            if point_labels is None:
-                raise PredictorError("point_labels must be supplied if point_coords is supplied")
-            n_pts, n_lab = np.asarray(point_coords).size // 2, np.asarray(point_labels).size
-            if n_pts != n_lab:
-                raise PredictorError(f"{n_pts} points but {n_lab} labels; give one label per point")
         return prompt_layout(box, point_coords, point_labels, wh, size)
 
     # ---- stored embeddings (``sam2edge embed``) ----------------------------------------------

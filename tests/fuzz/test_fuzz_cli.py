@@ -5,6 +5,7 @@ The refusals come before the model loads, so these cost no inference.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -124,7 +125,18 @@ def test_bundle_without_its_runtime_names_the_extra(tmp_path, monkeypatch):
     from sam2edge.runtime.predictor import Sam2Predictor
 
     monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
-    (tmp_path / "card.json").write_text('{"target": "litert"}')
+    card = {
+        "schema": 1,
+        "model_id": "sam2.1-hiera-tiny",
+        "target": "litert",
+        "precision": "fp32",
+        "resolution": 256,
+        "config": "test-small",
+        "status": "shippable",
+        "source": {"checkpoint": "synthetic", "format": "synthetic", "sha256": None},
+        "artifacts": [],
+    }
+    (tmp_path / "card.json").write_text(json.dumps(card))
     with pytest.raises(MissingExtraError, match=r"ai_edge_litert is not installed .*sam2edge\[export\]"):
         Sam2Predictor.from_export(tmp_path)
 
