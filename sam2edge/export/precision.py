@@ -93,7 +93,7 @@ REWRITTEN = {
 
 class _Program:
     def __init__(self, graph: nn.Module) -> None:
-        self.graph = graph.eval()
+        self.graph = graph  # already in eval mode (a quantized GraphModule refuses .eval())
 
     @torch.no_grad()
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
@@ -105,9 +105,10 @@ class GraphBackend:
 
     name = "emulation"
 
-    def __init__(self, model: Sam2ImageModel, cfg: Sam2Config) -> None:
+    def __init__(self, model: Sam2ImageModel, cfg: Sam2Config, encoder_graph: nn.Module | None = None) -> None:
         self.cfg = cfg
-        self.encoder_graph, self.decoder_graph = XnnEncoderGraph(model).eval(), XnnDecoderGraph(model).eval()
+        self.encoder_graph = encoder_graph if encoder_graph is not None else XnnEncoderGraph(model).eval()
+        self.decoder_graph = XnnDecoderGraph(model).eval()
         self.last_encoder_inputs: tuple = ()
         self.last_decoder_inputs: tuple = ()
 
@@ -136,6 +137,16 @@ def emulated_pair(sd: dict, cfg: Sam2Config, target: str) -> tuple[GraphBackend,
     model.load_state_dict(sd)
     model.eval()
     return GraphBackend(model, cfg), GraphBackend(emu.reduce(model).eval(), cfg)
+
+
+def int8_emulation(sd: dict, cfg: Sam2Config) -> GraphBackend:
+    """ExecuTorch int8: the encoder graph after the XNNPACK quantizer's prepare/convert (its quantize /
+    dequantize ops run in eager, i.e. the int8 rounding of weights and activations), fp32 decoder."""
+    from sam2edge.export.executorch import _quantize_int8, build_model
+    from sam2edge.export.executorch_graphs import encoder_inputs
+
+    model = build_model(sd, cfg, "int8").eval()
+    return GraphBackend(model, cfg, _quantize_int8(XnnEncoderGraph(model).eval(), encoder_inputs(cfg)))
 
 
 def _ious(ref, test, prompts) -> list[float]:
