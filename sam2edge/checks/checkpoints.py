@@ -7,7 +7,9 @@
   (``range_stress``). This stresses value ranges (LayerNorm statistics, residual adds) without making
   the model chaotic: multiplying *every* weight by 4 instead makes the fp32 model itself ill-conditioned
   (fp32 with the export rewrites vs fp32 with upstream's operations: worst mask IoU 0.0006 at
-  test-small, seed 0), so no reduced-precision export could be judged on it.
+  test-small, seed 0), so no reduced-precision export could be judged on it;
+* ``synthetic:SEED:xF``: every tensor times F (that ill-conditioned checkpoint; it overflowed the decoder's
+  LayerNorm in fp16 before ``Rewrites.layer_norm="scaled"``: a localization demo, not a fidelity test).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.weights import synthetic_state_dict
 
-SPEC = re.compile(r"^synthetic:(\d+)(?::range(\d+(?:\.\d+)?))?$")
+SPEC = re.compile(r"^synthetic:(\d+)(?::(range|x)(\d+(?:\.\d+)?))?$")
 TRUNK = "image_encoder.trunk."
 # parameters that write into the Hiera residual stream (scaled by F) ...
 RESIDUAL_WRITERS = re.compile(
@@ -51,11 +53,13 @@ def range_stress(sd: dict[str, torch.Tensor], factor: float) -> dict[str, torch.
 
 
 def variant_state_dict(spec: str, cfg: Sam2Config) -> dict[str, torch.Tensor]:
-    """State dict for ``synthetic:SEED`` or ``synthetic:SEED:rangeF`` (see module doc)."""
+    """State dict for ``synthetic:SEED``, ``synthetic:SEED:rangeF`` or ``synthetic:SEED:xF`` (see module doc)."""
     m = SPEC.match(spec)
     if not m:
-        raise UserError(
-            f"checkpoint spec {spec!r} is not synthetic:SEED or synthetic:SEED:rangeF (e.g. synthetic:3:range4)"
-        )
+        raise UserError(f"checkpoint spec {spec!r} is not synthetic:SEED[:rangeF|:xF]; e.g. synthetic:3:range4")
     sd = synthetic_state_dict(cfg, int(m.group(1)))
-    return range_stress(sd, float(m.group(2))) if m.group(2) else sd
+    if m.group(2) == "range":
+        return range_stress(sd, float(m.group(3)))
+    if m.group(2) == "x":
+        return {k: v * float(m.group(3)) for k, v in sd.items()}
+    return sd

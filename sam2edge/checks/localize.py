@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 FP16_MAX = 65504.0  # largest finite fp16 value
 JUMP_REL = 1e-2  # module relative error that counts as "the answer is lost here"
+FP16_TINY = 6.1e-5  # smallest normal fp16: a reference entirely below it is subnormal, its relative error moot
 # ops whose output is a view / copy / cast of an input: no rounding of their own
 PASSIVE_OPS = {
     "view",
@@ -200,14 +201,20 @@ def op_errors(ref_graph: nn.Module, inputs: tuple) -> list[Stat]:
 def first_jump(stats: list[Stat], threshold: float = JUMP_REL) -> Stat | None:
     """The first stat that is non-finite, overflows fp16, or whose relative error exceeds ``threshold``."""
     for s in stats:
-        if s.nonfinite or s.beyond_fp16 or s.rel_err > threshold:
+        if s.nonfinite or s.beyond_fp16 or _rel(s) > threshold:
             return s
     return None
 
 
+def _rel(s: Stat) -> float:
+    """Relative error, counted only where the reference is within fp16's normal range."""
+    return s.rel_err if s.ref_max_abs >= FP16_TINY else 0.0
+
+
 def worst(stats: list[Stat], n: int = 8) -> list[Stat]:
-    """The ``n`` stats with the largest local damage (non-finite / overflow first, then relative error)."""
-    return sorted(stats, key=lambda s: (s.nonfinite + s.beyond_fp16, s.rel_err), reverse=True)[:n]
+    """The ``n`` stats with the largest local damage (non-finite / overflow first, then relative error;
+    tensors whose reference lies entirely below fp16's normal range rank last)."""
+    return sorted(stats, key=lambda s: (s.nonfinite + s.beyond_fp16, _rel(s)), reverse=True)[:n]
 
 
 def as_rows(stats: list[Stat]) -> list[dict]:

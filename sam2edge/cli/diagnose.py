@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", type=int, help="input side for a target (multiple of 32)")
     p.add_argument(
         "--checkpoint",
-        help="checkpoint file, hub id, 'synthetic', or synthetic:SEED[:rangeF] (seeded; F: encoder ranges x F)",
+        help="checkpoint file, hub id, 'synthetic', or synthetic:SEED[:rangeF|:xF] (seeded; rangeF: encoder "
+        "ranges x F, same function; xF: every weight x F)",
     )
     p.add_argument("--clicks", type=int, default=40, help="prompts on real photos (default 40)")
     p.add_argument("--top", type=int, default=8, help="ops listed per stage (default 8)")
