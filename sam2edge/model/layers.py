@@ -161,7 +161,8 @@ def _normalize_scaled(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
     s = (xc.abs() * (1.0 / c)).sum(dim, keepdim=True) + 1e-4  # mean |x - mean| (+ tiny: a constant row stays 0)
     u = xc / s
     r = u * (1.0 / math.sqrt(c))
-    floor = (math.sqrt(eps) / s) * (math.sqrt(eps) / s)  # eps / s^2 without squaring 1/s first
+    root = (s * 0.0 + math.sqrt(eps)) / s  # sqrt(eps) / s as a tensor division (no RECIPROCAL op: XNNPACK has none)
+    floor = root * root  # eps / s^2 without squaring s first
     return u * torch.rsqrt((r * r).sum(dim, keepdim=True) + floor)
 
 
