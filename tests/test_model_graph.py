@@ -17,7 +17,7 @@ from sam2edge.weights import synthetic_state_dict
 ALL_REWRITES = [
     Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h)
     for r, a, t, n, h in itertools.product(
-        (4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("safe", "native"), ("channel_sum", "matmul")
+        (4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("scaled", "safe", "native"), ("channel_sum", "matmul")
     )
 ]
 

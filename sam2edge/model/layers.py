@@ -20,7 +20,9 @@ class Rewrites:
     attention_rank: int = 4  # 4: q/k/v as [B, heads, N, d]; 3: [B*heads, N, d]
     attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
     transposed_conv: str = "zero_stuff"  # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d
-    layer_norm: str = "safe"  # "safe": scale-before-square; "native": F.layer_norm / upstream LayerNorm2d
+    # "scaled": statistics of x / mean|x - mean| (every intermediate in [0, C] whatever the scale of x: fp16-stable);
+    # "safe": scale by 1/sqrt(C) before squaring; "native": F.layer_norm / upstream LayerNorm2d
+    layer_norm: str = "scaled"
     mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
     texture_limit: int = 8192  # split batched attention so each matmul operand fits a GPU texture side; 0: never
 
@@ -29,7 +31,7 @@ class Rewrites:
             "attention_rank": (self.attention_rank, (3, 4)),
             "attention_impl": (self.attention_impl, ("math", "sdpa")),
             "transposed_conv": (self.transposed_conv, ("zero_stuff", "native")),
-            "layer_norm": (self.layer_norm, ("safe", "native")),
+            "layer_norm": (self.layer_norm, ("scaled", "safe", "native")),
             "mask_head": (self.mask_head, ("channel_sum", "matmul")),
         }
         for name, (value, allowed) in checks.items():
@@ -130,17 +132,41 @@ def _attention(
 
 
 def _normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over ``dim``, squaring only pre-scaled values.
+    """(x - mean) / sqrt(var + eps) over ``dim``, squaring only pre-scaled values ("safe").
 
     The centred values are multiplied by 1/sqrt(C) before squaring, so the sum of squares
     equals the mean of squares without ever materialising C-times larger partial values
-    (the fp16 overflow guard of the reference encoder card).
+    (the fp16 overflow guard of the reference encoder card). It still overflows fp16 once
+    |x - mean| > 256 * sqrt(C) (1448 at C = 32, 4096 at C = 256), see ``_normalize_scaled`` (issue 15).
     """
     c = x.shape[dim]
     xc = x - x.mean(dim, keepdim=True)
     scaled = xc * (1.0 / math.sqrt(c))
     var = (scaled * scaled).sum(dim, keepdim=True)
     return xc * torch.rsqrt(var + eps)
+
+
+def _normalize_scaled(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over ``dim`` with every intermediate independent of the scale of x.
+
+    With s = mean|x - mean| + tiny (any s > 0 gives the same function):
+        (x - mean) / sqrt(var + eps) = u * rsqrt(mean(u^2) + (sqrt(eps) / s)^2),  u = (x - mean) / s.
+    |u| <= C and, by Cauchy-Schwarz, mean(u^2) lies in [1, C]; the squares are taken of u / sqrt(C)
+    (each <= C, their sum = mean(u^2) <= C), so no intermediate can overflow fp16 (65504) for any
+    scale of x. mean|x - mean| is summed from (1/C)-scaled terms, so it never exceeds max|x - mean|.
+    fp32: equal to ``_normalize`` within rounding (~1e-7 relative).
+    """
+    c = x.shape[dim]
+    xc = x - x.mean(dim, keepdim=True)
+    s = (xc.abs() * (1.0 / c)).sum(dim, keepdim=True) + 1e-4  # mean |x - mean| (+ tiny: a constant row stays 0)
+    u = xc / s
+    r = u * (1.0 / math.sqrt(c))
+    root = (s * 0.0 + math.sqrt(eps)) / s  # sqrt(eps) / s as a tensor division (no RECIPROCAL op: XNNPACK has none)
+    floor = root * root  # eps / s^2 without squaring s first
+    return u * torch.rsqrt((r * r).sum(dim, keepdim=True) + floor)
+
+
+NORMALIZERS = {"safe": _normalize, "scaled": _normalize_scaled}
 
 
 class LayerNorm(nn.Module):
@@ -150,12 +176,12 @@ class LayerNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
-        self.eps, self.safe = eps, rw.layer_norm == "safe"
+        self.eps, self.normalize = eps, NORMALIZERS.get(rw.layer_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.safe:
+        if self.normalize is None:
             return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-        return _normalize(x, -1, self.eps) * self.weight + self.bias
+        return self.normalize(x, -1, self.eps) * self.weight + self.bias
 
 
 class LayerNorm2d(nn.Module):
@@ -165,11 +191,11 @@ class LayerNorm2d(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
-        self.eps, self.safe = eps, rw.layer_norm == "safe"
+        self.eps, self.normalize = eps, NORMALIZERS.get(rw.layer_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.safe:
-            x = _normalize(x, 1, self.eps)
+        if self.normalize is not None:
+            x = self.normalize(x, 1, self.eps)
         else:
             u = x.mean(1, keepdim=True)
             s = (x - u).pow(2).mean(1, keepdim=True)
