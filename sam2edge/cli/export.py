@@ -6,7 +6,7 @@ verifies and writes the bundle into ``args.out``. Every target reads the same ar
   args.target        registry key (also card.json "target")
   args.precision     "fp32" | "fp16" | "int8" (a target that lacks one raises UserError)
   args.resolution    model input side in pixels (multiple of 32) or None for the config's own
-  args.config        name in sam2edge.config.CONFIGS ("sam2.1-hiera-tiny"; "test-small" for tests)
+  args.config        name in sam2edge.config.CONFIGS (None on the command line: detected from the checkpoint)
   args.checkpoint    weights spec for ``load_weights`` (None = synthetic)
   args.out           bundle folder (written atomically)
   args.allow_dirty   write an artifact that fails the target's graph lint (card status says so)
@@ -52,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help=f"runtime to export for: {', '.join(TARGETS)}")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="weight precision (I/O stays fp32)")
     p.add_argument("--resolution", type=int, default=None, help="model input side in pixels, e.g. 1024 or 512")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="model config")
+    p.add_argument(
+        "--config", default=None, choices=sorted(CONFIGS), help="model config (default: detected from the checkpoint)"
+    )
     p.add_argument("--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic)")
     p.add_argument("--out", required=True, help="bundle folder to write")
     p.add_argument("--allow-dirty", action="store_true", help="write a graph that fails the GPU lint (status says so)")
@@ -76,5 +78,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown export target {args.target!r}; choose one of {', '.join(sorted(TARGETS))}")
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
+    if args.config is None:  # the size the checkpoint's tensor shapes hold (synthetic: Hiera-Tiny)
+        from sam2edge.weights import checkpoint_config
+
+        args.config = checkpoint_config(args.checkpoint)
     args.command_line = command_line(args)
     return int(TARGETS[args.target](args) or 0)

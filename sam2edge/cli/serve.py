@@ -16,7 +16,7 @@ from sam2edge.errors import UserError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="export bundle folder (a LiteRT bundle lets the browser run the decoder)")
     p.add_argument("--checkpoint", help="weights for the eager model when no --model is given (default: synthetic)")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument("--config", choices=sorted(CONFIGS), help="eager model config (default: detected from the weights)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, help="largest photo file accepted (default 25 MB)")
