@@ -258,3 +258,35 @@ def test_mismatched_config_is_one_line(small_s_checkpoints, tmp_path, capsys):
     assert not out.exists()
     with pytest.raises(SizeError):
         Sam2Predictor.from_checkpoint(ckpt, CONFIGS["sam2.1-hiera-tiny"])
+
+
+# ---------------------------------------------------------------- exports of a non-tiny size
+@pytest.fixture(scope="module")
+def bplus_bundles(tmp_path_factory) -> dict[str, Path]:
+    """test-small-b+ (2 heads in stage 1, 14x14 pos-embed background) exported with the size auto-detected."""
+    d = tmp_path_factory.mktemp("bplus")
+    sd = synthetic_state_dict(CONFIGS["test-small-b+"], seed=6)
+    ckpts = {"litert": d / "model.safetensors", "onnx": d / "sam2.1_hiera_b+_test.pt"}
+    save_checkpoint(sd, "hf", ckpts["litert"])
+    save_checkpoint(sd, "meta", ckpts["onnx"])
+    out = {}
+    for target, ckpt in ckpts.items():
+        out[target] = d / target
+        assert main(["export", "--target", target, "--checkpoint", str(ckpt), "--out", str(out[target])]) == 0
+    return out
+
+
+@pytest.mark.parametrize("target", ["litert", "onnx"])
+def test_reduced_base_plus_exports_verified(bplus_bundles, target):
+    import json
+
+    card = json.loads((bplus_bundles[target] / "card.json").read_text())
+    assert card["config"] == "test-small-b+" and "--config test-small-b+" in card["command"]
+    assert card["status"] == "shippable", card["status"]
+    assert Sam2Predictor.from_export(bplus_bundles[target]).cfg == CONFIGS["test-small-b+"]
+
+
+@pytest.mark.parametrize("name", ["encoder.tflite", "decoder.tflite", "mask_encoder.tflite"])
+def test_reduced_base_plus_litert_lint_clean(bplus_bundles, name, capsys):
+    assert main(["lint", str(bplus_bundles["litert"] / name)]) == 0
+    assert "GPU problem" not in capsys.readouterr().out
