@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--box", type=_box, metavar="X0,Y0,X1,Y1", help="box in image pixels")
     p.add_argument(
-        "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
+        "--checkpoint",
+        help="a SAM 2.1 .pt (any size: detected), model.safetensors or a hub id (default: synthetic weights)",
     )
     p.add_argument("--model", help="an export bundle folder to run instead of the eager model")
     p.add_argument("--out", default="mask.png", help="mask PNG to write (default mask.png)")
