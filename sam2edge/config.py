@@ -165,3 +165,19 @@ def get_config(name: str) -> Sam2Config:
         return CONFIGS[name]
     except KeyError:
         raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)}") from None
+
+
+def config_name(cfg: Sam2Config) -> str:
+    """Registered name of ``cfg`` at any resolution, e.g. 'sam2.1-hiera-large'; ValueError if unregistered."""
+    for name, c in CONFIGS.items():
+        if replace(c, image_size=cfg.image_size) == cfg:
+            return name
+    raise ValueError("config is not registered in sam2edge.config.CONFIGS")
+
+
+def model_id(name: str) -> str:
+    """The SAM 2.1 size a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
+    for full, reduced, _ in SIZES.values():
+        if name in (full, reduced):
+            return full
+    return name

@@ -287,6 +287,7 @@ def test_reduced_base_plus_exports_verified(bplus_bundles, target):
 
     card = json.loads((bplus_bundles[target] / "card.json").read_text())
     assert card["config"] == "test-small-b+" and "--config test-small-b+" in card["command"]
+    assert card["model_id"] == "sam2.1-hiera-base-plus" and card["base_model"] == "facebook/sam2.1-hiera-base-plus"
     assert card["status"] == "shippable", card["status"]
     assert Sam2Predictor.from_export(bplus_bundles[target]).cfg == CONFIGS["test-small-b+"]
 
@@ -295,3 +296,12 @@ def test_reduced_base_plus_exports_verified(bplus_bundles, target):
 def test_reduced_base_plus_litert_lint_clean(bplus_bundles, name, capsys):
     assert main(["lint", str(bplus_bundles["litert"] / name)]) == 0
     assert "GPU problem" not in capsys.readouterr().out
+
+
+def test_model_id_names_the_size():
+    """Cards name the size a bundle holds (a CI stand-in: the size it stands for)."""
+    from sam2edge.config import config_name, model_id
+
+    for full, reduced, _ in SIZES.values():
+        assert model_id(full) == model_id(reduced) == full
+        assert config_name(CONFIGS[reduced].at_resolution(512)) == reduced

@@ -4,8 +4,8 @@ Every target writes its bundle through ``finalize_bundle`` so that cards, manife
 predictor's ``from_export`` work the same for all runtimes. ``card.json`` fields:
 
   schema          1
-  model_id        "sam2.1-hiera-tiny"
-  base_model      "facebook/sam2.1-hiera-tiny"
+  model_id        the SAM 2.1 size, e.g. "sam2.1-hiera-tiny" (config.model_id: a test config names its size)
+  base_model      "facebook/" + model_id
   license         "apache-2.0"
   target          registry key of the runtime ("litert", "onnx", "executorch", ...)
   precision       "fp32" | "fp16" | "int8"
@@ -30,6 +30,7 @@ import importlib.metadata
 import json
 from pathlib import Path
 
+from sam2edge.config import model_id
 from sam2edge.errors import UserError
 
 CARD, MANIFEST, FIDELITY = "card.json", "manifest.json", "fidelity.json"
@@ -140,8 +141,8 @@ def finalize_bundle(
     write_json(folder / FIDELITY, fidelity)
     card = {
         "schema": 1,
-        "model_id": "sam2.1-hiera-tiny",
-        "base_model": "facebook/sam2.1-hiera-tiny",
+        "model_id": model_id(config),
+        "base_model": f"facebook/{model_id(config)}",
         "license": "apache-2.0",
         "target": target,
         "precision": precision,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sam2edge.config import Sam2Config, get_config
+from sam2edge.config import Sam2Config, config_name, get_config, model_id
 from sam2edge.errors import UserError
 from sam2edge.export.bundle import finalize_bundle
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
@@ -167,7 +167,7 @@ def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[s
 
     s = cfg.image_size
     return {
-        "model_id": "sam2.1-hiera-tiny",
+        "model_id": model_id(config_name(cfg)),
         "role": role,
         "precision": f"{precision} weights, fp32 inputs and outputs",
         "resolution": str(s),
