@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", default=None, choices=sorted(CONFIGS), help="model config (default: detected from the checkpoint)"
     )
-    p.add_argument("--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic)")
+    p.add_argument("--checkpoint", help="a SAM 2.1 .pt of any size, model.safetensors or a hub id (default: synthetic)")
     p.add_argument("--out", required=True, help="bundle folder to write")
     p.add_argument("--allow-dirty", action="store_true", help="write a graph that fails the GPU lint (status says so)")
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
