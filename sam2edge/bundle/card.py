@@ -8,8 +8,8 @@ goes through ``rewrite_metadata``, which verifies the manifest first and writes 
 fidelity.json and manifest.json together only after everything succeeded. ``card.json`` fields:
 
   schema          1
-  model_id        "sam2.1-hiera-tiny"
-  base_model      "facebook/sam2.1-hiera-tiny"
+  model_id        the SAM 2.1 size, e.g. "sam2.1-hiera-tiny" (config.model_id: a test config names its size)
+  base_model      "facebook/" + model_id
   license         "apache-2.0"
   target          registry key of the runtime ("litert", "onnx", "executorch", ...)
   precision       "fp32" | "fp16" | "int8"
@@ -35,6 +35,7 @@ import json
 import os
 from pathlib import Path
 
+from sam2edge.config import model_id
 from sam2edge.errors import UserError
 
 CARD, MANIFEST, FIDELITY = "card.json", "manifest.json", "fidelity.json"
@@ -196,8 +197,8 @@ def finalize_bundle(
     write_json(folder / FIDELITY, fidelity)
     card = {
         "schema": 1,
-        "model_id": "sam2.1-hiera-tiny",
-        "base_model": "facebook/sam2.1-hiera-tiny",
+        "model_id": model_id(config),
+        "base_model": f"facebook/{model_id(config)}",
         "license": "apache-2.0",
         "target": target,
         "precision": precision,

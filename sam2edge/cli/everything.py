@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
     )
     p.add_argument(
-        "--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config (no --model)"
+        "--config", choices=sorted(CONFIGS), help="eager model config (no --model; default: detected from the weights)"
     )
     p.add_argument("--out", default="masks.json", help="masks JSON to write (COCO RLE per mask; default masks.json)")
     p.add_argument("--overlay", default="everything.png", help="overlay PNG to write (default everything.png)")
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         predictor = Sam2Predictor.from_export(args.model)
     else:
-        predictor = Sam2Predictor.from_checkpoint(args.checkpoint, CONFIGS[args.config])
+        predictor = Sam2Predictor.from_checkpoint(args.checkpoint, CONFIGS[args.config] if args.config else None)
     records = Sam2AutomaticMaskGenerator(predictor, **kwargs).generate(rgb)
     h, w = rgb.shape[:2]
     doc = {"image": args.image, "size": [h, w], "model": args.model or args.checkpoint or "synthetic", "masks": records}

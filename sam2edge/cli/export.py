@@ -6,7 +6,7 @@ line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_e
   --target        registry key (also card.json "target")
   --precision     "fp32" | "fp16" | "int8" (a target that lacks one: one-line error naming what it offers)
   --resolution    model input side in pixels (multiple of 32) or the config's own
-  --config        name in sam2edge.config.CONFIGS ("sam2.1-hiera-tiny"; "test-small" for tests)
+  --config        name in sam2edge.config.CONFIGS (default: detected from the checkpoint's tensor shapes)
   --checkpoint    weights spec for ``load_weights`` (default: synthetic, with a warning)
   --out           bundle folder (new, empty, or an earlier bundle; written atomically)
   --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
@@ -34,8 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help=f"runtime to export for: {', '.join(TARGETS)}")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="weight precision (I/O stays fp32)")
     p.add_argument("--resolution", type=int, default=None, help="model input side in pixels, e.g. 1024 or 512")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="model config")
-    p.add_argument("--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic)")
+    p.add_argument(
+        "--config", default=None, choices=sorted(CONFIGS), help="model config (default: detected from the checkpoint)"
+    )
+    p.add_argument("--checkpoint", help="a SAM 2.1 .pt of any size, model.safetensors or a hub id (default: synthetic)")
     p.add_argument("--out", required=True, help="bundle folder to write")
     p.add_argument(
         "--allow-dirty", action="store_true", help="write a graph that fails the graph lint (status says so)"
@@ -65,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     target = check_request(args.target, args.precision)
     guard_out(args.out, (args.checkpoint,))  # before any import of a converter or weights
+    if args.config is None:  # the size the checkpoint's tensor shapes hold (synthetic: Hiera-Tiny)
+        from sam2edge.weights import checkpoint_config
+
+        args.config = checkpoint_config(args.checkpoint)
     if not args.checkpoint:
         print("WARNING: no --checkpoint given; exporting the deterministic SYNTHETIC checkpoint", file=sys.stderr)
     card = run_export(

@@ -51,13 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--box", type=_box, metavar="X0,Y0,X1,Y1", help="box in image pixels")
     p.add_argument(
         "--checkpoint",
-        help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: the official weights from the hub, "
-        "cached; synthetic weights when offline)",
+        help="a SAM 2.1 .pt (any size: detected), model.safetensors or a hub id (default: the official "
+        "Hiera-Tiny weights from the hub, cached; synthetic weights when offline)",
     )
     p.add_argument("--model", help="an export bundle folder to run instead of the eager model")
     p.add_argument("--out", default="mask.png", help="mask PNG to write (default mask.png)")
     p.add_argument("--overlay", default="overlay.png", help="overlay PNG to write (default overlay.png)")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument("--config", choices=sorted(CONFIGS), help="eager model config (default: detected from the weights)")
     p.add_argument(
         "--embeddings",
         metavar="STORE",
@@ -125,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         predictor = Sam2Predictor.from_export(args.model)
     else:
-        tiny = args.config == "sam2.1-hiera-tiny"  # the hub holds Hiera-Tiny weights only
+        tiny = args.config in (None, "sam2.1-hiera-tiny")  # the hub holds Hiera-Tiny weights only
         checkpoint = args.checkpoint or (DEFAULT_CHECKPOINT if tiny else None)
-        predictor = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[args.config])
+        predictor = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[args.config] if args.config else None)
     _set_image(predictor, path, rgb, args.embeddings)
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=args.multimask)
     best = int(np.argmax(scores))

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="weights for the eager model when no --model is given (default: the official weights "
         "from the hub, cached; synthetic when offline)",
     )
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument("--config", choices=sorted(CONFIGS), help="eager model config (default: detected from the weights)")
     p.add_argument("--embeddings", metavar="STORE", help="store from `sam2edge embed`: open its photos, no encoder")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     check_positive("--max-megapixels", args.max_megapixels)
     if args.max_upload_mb > 10_000 or args.max_megapixels > 10_000:
         raise UserError("--max-upload-mb and --max-megapixels must stay at or below 10000 (10 GB, 10 GP)")
-    tiny = args.config == "sam2.1-hiera-tiny"  # the hub holds Hiera-Tiny weights only
+    tiny = args.config in (None, "sam2.1-hiera-tiny")  # the hub holds Hiera-Tiny weights only
     checkpoint = DEFAULT_CHECKPOINT if tiny and not (args.checkpoint or args.model) else args.checkpoint
     app = default_app_from_args(args.model, checkpoint, args.config)
     if args.embeddings:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sam2edge.config import Sam2Config
+from sam2edge.config import Sam2Config, config_name, model_id
 from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
@@ -142,7 +142,7 @@ def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[s
 
     s = cfg.image_size
     return {
-        "model_id": "sam2.1-hiera-tiny",
+        "model_id": model_id(config_name(cfg)),
         "role": role,
         "precision": f"{precision} weights, fp32 inputs and outputs",
         "resolution": str(s),

@@ -24,7 +24,7 @@ class Rewrites:
     # "safe": scale by 1/sqrt(C) before squaring; "native": F.layer_norm / upstream LayerNorm2d
     layer_norm: str = "scaled"
     mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
-    texture_limit: int = 8192  # split batched attention so each matmul operand fits a GPU texture side; 0: never
+    texture_limit: int = 8192  # slice attention (batch, then heads) so matmul operands fit a texture; 0: off
 
     def __post_init__(self) -> None:
         checks = {
@@ -70,6 +70,21 @@ def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: 
     return math.ceil(batch / pieces)  # equal slices, each no larger than the largest that fits
 
 
+def head_chunk(num_heads: int, d: int, nk: int, texture_limit: int) -> int:
+    """Most heads per slice such that ONE batch item's attention operands fit ``texture_limit`` rows.
+
+    Batch slicing (``attention_chunk``) cannot shrink below one item, whose rows are
+    num_heads * ceil(max(d, Nk)/4); wider models (more heads at a global block) can overflow there.
+    Heads are independent, so equal head groups compute the same function. Returns ``num_heads``
+    when one item fits or ``texture_limit`` is 0; at least 1.
+    """
+    rows_per_head = math.ceil(max(d, nk) / 4)
+    if not texture_limit or num_heads * rows_per_head <= texture_limit:
+        return num_heads
+    pieces = math.ceil(num_heads / max(1, texture_limit // rows_per_head))
+    return math.ceil(num_heads / pieces)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -86,7 +101,17 @@ def attention(
     is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
     """
     B, Nk = q.shape[0], k.shape[1]
-    step = attention_chunk(B, num_heads, q.shape[2] // num_heads, Nk, rw.texture_limit)
+    d, dv = q.shape[2] // num_heads, v.shape[2] // num_heads
+    group = head_chunk(num_heads, d, Nk, rw.texture_limit)
+    if group < num_heads:  # one item's heads overflow a texture: head groups, each exact on its own
+        outs = [
+            attention(
+                q[..., h * d : (h + n) * d], k[..., h * d : (h + n) * d], v[..., h * dv : (h + n) * dv], n, rw, key_bias
+            )
+            for h, n in ((h, min(group, num_heads - h)) for h in range(0, num_heads, group))
+        ]
+        return torch.cat(outs, -1)  # (B, Nq, Cv), heads in order
+    step = attention_chunk(B, num_heads, d, Nk, rw.texture_limit)
     if step >= B:
         return _attention(q, k, v, num_heads, rw, key_bias)
     outs = []

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from sam2edge.bundle import load_card
-from sam2edge.config import HIERA_TINY, Sam2Config
+from sam2edge.config import Sam2Config, get_config
 from sam2edge.extras import RUNTIME_MODULES, require_all
 from sam2edge.runtime.backends import Backend, EagerBackend, Features, backend_for
 from sam2edge.runtime.preprocess import preprocess, to_rgb_array
@@ -41,10 +41,16 @@ class Sam2Predictor:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, path_or_id: str | None = None, cfg: Sam2Config = HIERA_TINY, quiet: bool = False):
-        """Eager fp32 predictor from a Meta .pt / HF .safetensors path, a hub id, or None (synthetic)."""
-        from sam2edge.weights import SYNTHETIC, load_weights
+    def from_checkpoint(cls, path_or_id: str | None = None, cfg: Sam2Config | None = None, quiet: bool = False):
+        """Eager fp32 predictor from a Meta .pt / HF .safetensors path, a hub id, or None (synthetic).
 
+        ``cfg`` None: the size (tiny, small, base-plus, large) is detected from the checkpoint's
+        tensor shapes; the synthetic checkpoint is Hiera-Tiny.
+        """
+        from sam2edge.weights import SYNTHETIC, checkpoint_config, load_weights
+
+        if cfg is None:
+            cfg = get_config(checkpoint_config(path_or_id))
         sd, prov = load_weights(path_or_id, cfg)
         if prov["checkpoint"] == SYNTHETIC and not quiet:
             why = f"{prov['note']}; " if prov.get("note") else "no checkpoint given; "

@@ -269,7 +269,7 @@ def serve_forever(app: App, host: str, port: int, open_message: bool = True) -> 
         server.server_close()
 
 
-def default_app_from_args(model: str | None, checkpoint: str | None, config: str) -> App:
+def default_app_from_args(model: str | None, checkpoint: str | None, config: str | None) -> App:
     """--model DIR (encoder from the bundle's runtime, decoder in the browser) or eager weights (server decode)."""
     from sam2edge.config import CONFIGS
     from sam2edge.runtime.predictor import Sam2Predictor
@@ -279,5 +279,5 @@ def default_app_from_args(model: str | None, checkpoint: str | None, config: str
         pred = Sam2Predictor.from_export(Path(model))
         decoder, note = browser_decoder(Path(model))
         return App(pred.backend, decoder, note, provenance=pred.provenance)
-    pred = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config])
+    pred = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config] if config else None)  # None: size from weights
     return App(pred.backend, None, "no LiteRT bundle given (serve --model DIR)", provenance=pred.provenance)

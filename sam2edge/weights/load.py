@@ -17,6 +17,7 @@ from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.model import build_sam2
 from sam2edge.weights.keymap import HF_ALIASES, hf_name, is_video_only
+from sam2edge.weights.sizes import check_size
 
 HUB_ID = "facebook/sam2.1-hiera-tiny"
 OFFICIAL_SHA256 = {
@@ -184,6 +185,7 @@ def load_weights(spec: str | None, cfg: Sam2Config = HIERA_TINY) -> tuple[dict[s
         prov = {"checkpoint": SYNTHETIC, "format": SYNTHETIC, "sha256": None}
         return synthetic_state_dict(cfg), {**prov, "note": note} if note else prov
     sd, fmt = read_checkpoint(path)
+    check_size(sd, cfg, f"checkpoint {path}")
     mapped = to_sam2edge(sd, fmt, expected_shapes(cfg), str(path))
     check_finite(mapped, str(path))
     return mapped, {"checkpoint": str(path), "format": fmt, "sha256": sha256_file(path)}

@@ -1,0 +1,169 @@
+"""Every SAM 2.1 size against upstream eager of the same size, in one run: encoder, click, file sizes.
+
+    .venv/bin/python benchmarks/bench_sizes.py [--sizes tiny,small,base-plus,large] [--threads 2] [--runs 5]
+        [--clicks 8] [--resolution 1024] [--reduced] [--export litert,onnx --out bench-sizes/] [--json out.json]
+
+Per size: upstream's image path (Meta ``sam2`` modules built from the size's config) and sam2edge's
+eager model (the export form, default ``Rewrites``) hold the same perturbed random weights; rounds are
+interleaved (one encode of the astronaut photo + ``--clicks`` single-point decodes per subject per
+round) so machine drift hits both alike. Printed: encoder and per-click median / min, the ratio to
+upstream, the parameter count and fp32 / fp16 weight bytes. With ``--export`` every size is also
+exported (synthetic weights of that size, fp32; a bundle already under ``--out`` is reused) and its
+artifacts' file sizes are listed. ``--reduced`` runs the CI stand-ins (``test-small-*``): a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from sam2edge.checks.upstream import UpstreamImagePath
+
+from sam2edge.checks.fidelity import photo
+from sam2edge.config import CONFIGS, SIZES, Sam2Config
+from sam2edge.model import Rewrites, build_sam2
+from sam2edge.runtime.preprocess import preprocess
+
+
+def _perturbed(cfg: Sam2Config, seed: int) -> UpstreamImagePath:
+    torch.manual_seed(seed)
+    ref = UpstreamImagePath(cfg)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for t in list(ref.parameters()) + list(ref.buffers()):
+            if t.is_floating_point():
+                t.add_(0.02 * torch.randn(t.shape, generator=g, dtype=t.dtype))
+    return ref.eval()
+
+
+def _subjects(cfg: Sam2Config) -> dict:
+    """name -> (encode(x), decode(feats, coords, labels)) for upstream and sam2edge, same weights."""
+    ref = _perturbed(cfg, 0)
+    ours = build_sam2(cfg, Rewrites())
+    ours.load_state_dict(ref.state_dict())
+    pe = ours.sam_prompt_encoder
+
+    def ours_decode(f, coords, labels):
+        pad_c = torch.cat([coords, torch.zeros(1, 1, 2)], 1)  # sam2edge's layout: trailing pad point
+        pad_l = torch.cat([labels.float(), -torch.ones(1, 1)], 1)
+        masks, iou, _ = ours.decode(*f, pe.embed_points(pad_c, pad_l), pe.no_mask_dense)
+        return ours.sam_mask_decoder.multimask(masks, iou)
+
+    return {
+        "upstream": (ref.encode, lambda f, c, lab: ref.decode(f, c, lab.int())),
+        "sam2edge": (ours.encode_image, ours_decode),
+    }
+
+
+def time_size(cfg: Sam2Config, runs: int, warmup: int, clicks: int) -> dict:
+    """{subject: {"encoder_ms": [...], "click_ms": [...]}} over interleaved rounds."""
+    subjects = _subjects(cfg)
+    x = preprocess(photo("astronaut.png"), cfg.image_size)
+    s = cfg.image_size / 1024
+    coords, labels = torch.tensor([[[520.0 * s, 380.0 * s]]]), torch.tensor([[1]], dtype=torch.int32)
+    out = {name: {"encoder_ms": [], "click_ms": []} for name in subjects}
+    for r in range(warmup + runs):
+        order = list(subjects)[r % 2 :] + list(subjects)[: r % 2]  # alternate who goes first
+        for name in order:
+            encode, decode = subjects[name]
+            t = time.perf_counter()
+            feats = encode(x)
+            te = time.perf_counter() - t
+            t = time.perf_counter()
+            for _ in range(clicks):
+                decode(feats, coords, labels)
+            td = (time.perf_counter() - t) / clicks
+            if r >= warmup:
+                out[name]["encoder_ms"].append(te * 1e3)
+                out[name]["click_ms"].append(td * 1e3)
+    return out
+
+
+def export_sizes(config: str, targets: list[str], out: Path) -> dict[str, dict[str, int]]:
+    """{target: {artifact: bytes}} of an fp32 export of ``config`` (synthetic weights), reusing a bundle."""
+    from sam2edge.cli.main import main as sam2edge_main
+
+    sizes = {}
+    for target in targets:
+        bundle = out / f"{config}-{target}"
+        if not (bundle / "card.json").is_file():
+            rc = sam2edge_main(["export", "--target", target, "--config", config, "--out", str(bundle)])
+            if rc:
+                sizes[target] = {"error": rc}
+                continue
+        card = json.loads((bundle / "card.json").read_text())
+        sizes[target] = {a["file"]: int(a["bytes"]) for a in card["artifacts"]}
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {', '.join(SIZES)}")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--clicks", type=int, default=8, help="decodes per round")
+    p.add_argument("--resolution", type=int, default=None, help="input side (default: the config's)")
+    p.add_argument("--reduced", action="store_true", help="the reduced-depth CI stand-ins (smoke run)")
+    p.add_argument("--export", default="", help="targets to export per size for file sizes, e.g. litert,onnx")
+    p.add_argument("--out", default="bench-sizes", help="folder for the --export bundles")
+    p.add_argument("--json", help="write every number here too")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.set_grad_enabled(False)
+    results = {}
+    for size in a.sizes.split(","):
+        if size not in SIZES:
+            p.error(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+        name = SIZES[size][1 if a.reduced else 0]
+        cfg = CONFIGS[name] if a.resolution is None else CONFIGS[name].at_resolution(a.resolution)
+        params = sum(t.numel() for t in build_sam2(cfg).parameters())
+        print(f"{size}: {name} at {cfg.image_size}px ...", file=sys.stderr, flush=True)
+        res = {"config": name, "resolution": cfg.image_size, "params": params}
+        res["timing"] = time_size(cfg, a.runs, a.warmup, a.clicks)
+        if a.export:
+            res["files"] = export_sizes(name, a.export.split(","), Path(a.out))
+        results[size] = res
+    print(format_table(results, a.threads, a.runs, a.clicks))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def format_table(results: dict, threads: int, runs: int, clicks: int) -> str:
+    lines = [
+        f"{threads} threads, median (min) of {runs} interleaved rounds; click = mean of {clicks} decodes;"
+        " ratio = sam2edge / upstream",
+        f"{'size':<10} {'config':<24} {'px':>5} {'params M':>9} {'fp32 MB':>8} {'fp16 MB':>8} | "
+        f"{'subject':<9} {'encoder ms':>16} {'ratio':>6} {'click ms':>14} {'ratio':>6}",
+    ]
+    for size, r in results.items():
+        t = r["timing"]
+        up_e, up_c = statistics.median(t["upstream"]["encoder_ms"]), statistics.median(t["upstream"]["click_ms"])
+        for i, (who, v) in enumerate(t.items()):
+            e, c = statistics.median(v["encoder_ms"]), statistics.median(v["click_ms"])
+            head = (
+                f"{size:<10} {r['config']:<24} {r['resolution']:>5} {r['params'] / 1e6:9.2f} "
+                f"{r['params'] * 4 / 1e6:8.1f} {r['params'] * 2 / 1e6:8.1f}"
+                if i == 0
+                else " " * 68
+            )
+            lines.append(
+                f"{head} | {who:<9} {e:8.1f} ({min(v['encoder_ms']):6.1f}) {e / up_e:6.2f} "
+                f"{c:6.2f} ({min(v['click_ms']):5.2f}) {c / up_c:6.2f}"
+            )
+        for target, files in r.get("files", {}).items():
+            desc = ", ".join(
+                f"{k} {v / 1e6:.1f} MB" if k != "error" else f"export failed ({v})" for k, v in files.items()
+            )
+            lines.append(f"{'':<10} files {target}: {desc}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
