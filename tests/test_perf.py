@@ -1,0 +1,126 @@
+"""Performance tooling (issue 16): profiles from the runtimes' own profilers, thread scaling, CPU extensions.
+
+No timing is asserted: the tests check that each profiler names the operator types of the graph it ran
+(every operator of a tiny graph is accounted for), that bench records carry the machine's vector
+extensions and the thread scaling, and that bad ``--threads`` values are one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sam2edge.checks.bench.bench import vector_extensions
+from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
+from sam2edge.checks.bench.records import add_scaling
+from sam2edge.cli.main import main
+from sam2edge.config import TEST_SMALL
+from sam2edge.weights import synthetic_state_dict
+
+SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
+
+
+@pytest.fixture(scope="module")
+def onnx_bundle(tmp_path_factory):
+    from sam2edge.export.onnx import export_onnx
+
+    out = tmp_path_factory.mktemp("perf") / "onnx"
+    export_onnx(synthetic_state_dict(TEST_SMALL), SOURCE, TEST_SMALL, "test-small", "fp32", out, "test", clicks=5)
+    return out
+
+
+def test_profile_command_names_op_types(onnx_bundle: Path, tmp_path: Path, capsys) -> None:
+    recs = tmp_path / "records"
+    args = ["bench", "--profile", str(onnx_bundle), "--runs", "1", "--clicks", "2", "--threads", "1"]
+    assert main([*args, "--records", str(recs)]) == 0
+    out = capsys.readouterr().out
+    [path] = recs.glob("*/profile-*.json")
+    rec = json.loads(path.read_text())
+    assert rec["kind"] == "profile" and rec["target"] == "onnx" and rec["machine"]["vector_extensions"] is not None
+    enc, dec = rec["runtime"]["encoder"], rec["runtime"]["decoder"]
+    enc_ops, dec_ops = {t["op"] for t in enc["by_type"]}, {t["op"] for t in dec["by_type"]}
+    assert {"Conv", "Softmax"} <= enc_ops and ({"Gemm", "MatMul", "FusedMatMul"} & enc_ops)
+    assert "ConvTranspose" in dec_ops and "Softmax" in dec_ops
+    assert enc["calls"] == 1 and dec["calls"] == 2  # warm-up runs left out
+    assert abs(sum(t["share"] for t in enc["by_type"]) - 1) < 1e-6 and enc["top_nodes"]
+    # eager: aten operator types and upstream's modules
+    eager = rec["eager"]
+    assert "aten::addmm" in {t["op"] for t in eager["encoder"]["by_type"]}
+    assert {"image_encoder", "image_encoder.trunk"} <= {m["module"] for m in eager["encoder"]["by_module"]}
+    assert "sam_mask_decoder.transformer" in {m["module"] for m in eager["decoder"]["by_module"]}
+    assert "onnx decoder" in out and "ConvTranspose" in out and "upstream eager encoder" in out
+
+
+def test_ort_trace_skips_warm_up_runs() -> None:
+    trace = [
+        {"name": "model_run", "ts": 0, "dur": 10},
+        {"name": "model_run", "ts": 20, "dur": 10},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 1, "dur": 5000, "args": {"op_name": "Add"}},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 21, "dur": 2000, "args": {"op_name": "Add"}},
+        {"cat": "Node", "name": "a_fence_before", "ts": 21, "dur": 9000},
+    ]
+    nodes, runs = ort_node_times(trace, skip_runs=1)
+    assert runs == 1 and nodes == [NodeTime("a", "Add", 2.0)]
+    s = summarise([NodeTime("a", "Add", 2.0), NodeTime("b", "Add", 1.0), NodeTime("c", "Conv", 1.0)])
+    assert [(t["op"], t["count"]) for t in s["by_type"]] == [("Add", 2), ("Conv", 1)]
+    assert s["by_type"][0]["share"] == 0.75 and s["top_nodes"][0]["name"] == "a"
+
+
+def test_litert_per_operator_profile(tmp_path: Path) -> None:
+    """ai-edge-litert has no op profiler: every non-constant operator is timed as its own graph."""
+    import litert_torch
+
+    from sam2edge.checks.bench.profile import tflite_node_times
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.GELU(), torch.nn.Flatten(), torch.nn.Linear(288, 4))
+    path = tmp_path / "tiny.tflite"
+    litert_torch.convert(m.eval(), (torch.randn(1, 3, 8, 8),)).export(str(path))
+    nodes, whole = tflite_node_times(path, threads=1, runs=2)
+    ops = {n.op for n in nodes}
+    assert {"CONV_2D", "GELU", "FULLY_CONNECTED"} <= ops and whole > 0
+    assert all(n.ms > 0 for n in nodes)
+
+
+def test_executorch_etdump_profile(tmp_path: Path) -> None:
+    """ETDump: XNNPACK's own per-operator events inside the delegate, portable operators outside it."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from sam2edge.checks.bench.profile import _EtdumpMethod, etdump_node_times
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU()).eval()
+    x = torch.randn(4, 16)
+    lowered = to_edge_transform_and_lower(torch.export.export(m, (x,)), partitioner=[XnnpackPartitioner()])
+    (tmp_path / "m.pte").write_bytes(lowered.to_executorch().buffer)
+    method = _EtdumpMethod(tmp_path / "m.pte")
+    for _ in range(3):
+        method.execute([x])
+    nodes, runs, wrappers = etdump_node_times(method.etdump(tmp_path / "m.etdp"), skip_runs=1)
+    ops = {n.op for n in nodes}
+    assert runs == 2 and "portable:native_layer_norm" in ops  # XNNPACK leaves LayerNorm outside
+    assert any(o.startswith("xnnpack:Fully Connected") for o in ops) and "xnnpack:GELU (NC)" in ops
+    assert wrappers["Method::execute"] > 0 and wrappers["DELEGATE_CALL"] > 0
+
+
+def test_vector_extensions_and_thread_scaling() -> None:
+    x86 = "processor : 0\nflags\t\t: fpu sse avx2 fma avx512f avx512_vnni amx_tile\n"
+    assert vector_extensions(x86) == ["avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"]
+    assert vector_extensions("Features\t: fp asimd asimddp i8mm sve\n") == ["asimd", "asimddp", "sve", "i8mm"]
+    assert vector_extensions("") == []
+    recs = [
+        {"subject": "s", "threads": t, "encoder_ms": {"median": e}, "decoder_ms": {"median": d}}
+        for t, e, d in ((1, 100.0, 10.0), (2, 50.0, 8.0))
+    ] + [{"subject": "alone", "threads": 2, "encoder_ms": {"median": 1.0}, "decoder_ms": {"median": 1.0}}]
+    add_scaling(recs)
+    assert recs[1]["thread_scaling"] == {"base_threads": 1, "encoder": 2.0, "decoder": 1.25}
+    assert recs[0]["thread_scaling"]["encoder"] == 1.0 and "thread_scaling" not in recs[2]
+
+
+@pytest.mark.parametrize("bad", ["0", "1,x", ",", "0,2"])
+def test_bad_threads_exit_2(bad: str, capsys) -> None:
+    assert main(["bench", "--upstream", "--threads", bad, "--no-records"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --threads") and len(err.strip().splitlines()) == 1
