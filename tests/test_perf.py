@@ -124,3 +124,53 @@ def test_bad_threads_exit_2(bad: str, capsys) -> None:
     assert main(["bench", "--upstream", "--threads", bad, "--no-records"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --threads") and len(err.strip().splitlines()) == 1
+
+
+def test_gpu_check_skip_and_reuse_by_sha256(tmp_path: Path, monkeypatch) -> None:
+    """--gpu-check skip records that the check was not run; an unchanged graph is checked once."""
+    from types import SimpleNamespace
+
+    from sam2edge.cards.measured import gpu_delegate
+    from sam2edge.checks.gpu import report
+
+    graph = tmp_path / "b" / "encoder.tflite"
+    graph.parent.mkdir()
+    graph.write_bytes(b"\0\0\0\0TFL3 graph one")
+    ctx = SimpleNamespace(folder=graph.parent, files={"encoder.tflite": "encoder"}, allow_dirty=False, state={})
+    skipped = report.export_check(SimpleNamespace(**{**vars(ctx), "state": {"gpu_check": "skip"}}))
+    assert skipped["skipped"] and skipped["files"] == {} and "--gpu-check skip" in skipped["reason"]
+    assert "not run" in "\n".join(gpu_delegate({"checks": {"gpu_delegate": skipped}}))
+
+    checked = []
+    monkeypatch.setattr(
+        report,
+        "check_file",
+        lambda p: checked.append(p.read_bytes()) or SimpleNamespace(residency=SimpleNamespace(device="SwiftShader")),
+    )
+    monkeypatch.setattr(report, "summarize", lambda r: {"verdict": "resident", "failures": []})
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", str(tmp_path / "cache"))
+    first, second = report.export_check(ctx), report.export_check(ctx)
+    assert len(checked) == 1 and first["reused"] == [] and second["reused"] == ["encoder.tflite"]
+    assert first["files"] == second["files"] and second["environment"]["vulkan_device"] == "SwiftShader"
+    graph.write_bytes(b"\0\0\0\0TFL3 graph two")  # another graph: checked again
+    assert report.export_check(ctx)["reused"] == [] and len(checked) == 2
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", "off")
+    report.export_check(ctx)
+    assert len(checked) == 3
+
+
+def test_export_cli_passes_gpu_check_skip(tmp_path: Path, monkeypatch) -> None:
+    from sam2edge.errors import UserError
+    from sam2edge.export import pipeline
+
+    seen = {}
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        raise UserError("stopped by the test")
+
+    monkeypatch.setattr(pipeline, "run_export", fake)
+    args = ["export", "--target", "litert", "--config", "test-small", "--out", str(tmp_path / "b")]
+    assert main([*args, "--gpu-check", "skip"]) == 2
+    assert seen["options"] == {"gpu_check": "skip"} and "--gpu-check skip" in seen["command"]
+    assert main(args) == 2 and seen["options"] is None

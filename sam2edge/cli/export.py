@@ -38,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--allow-dirty", action="store_true", help="write a graph that fails the graph lint (status says so)"
     )
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
+    p.add_argument(
+        "--gpu-check",
+        choices=("run", "skip"),
+        default="run",
+        help="litert: run LiteRT's GPU-delegate check (default; results reused for a graph already checked here,"
+        " keyed by its SHA-256) or skip it (card.json and fidelity.json say it was not run)",
+    )
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -49,6 +56,7 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--checkpoint", args.checkpoint]
     parts += ["--out", str(args.out)]
     parts += [flag for flag, on in (("--allow-dirty", args.allow_dirty), ("--force", args.force)) if on]
+    parts += ["--gpu-check", "skip"] if getattr(args, "gpu_check", "run") == "skip" else []
     return shlex.join(parts)
 
 
@@ -71,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         allow_dirty=args.allow_dirty,
         force=args.force,
         command=command_line(args),
+        options={"gpu_check": args.gpu_check} if args.gpu_check != "run" else None,
     )
     print(resolve(target.converter).summary(card, Path(args.out)))
     return 0
