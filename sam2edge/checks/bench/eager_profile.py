@@ -149,8 +149,11 @@ def format_profile(rec: dict, types: int = 12, nodes: int = 8) -> str:
                 f"  {t['op'][:44]:<44} {t['ms']:>9.3f} ms {t['share']:>6.1%} x{t['count']}"
                 for t in p["by_type"][:types]
             ]
-            lines.append("  slowest nodes:")
-            lines += [f"    {n['name'][:60]:<60} {n['op'][:24]:<24} {n['ms']:>8.3f} ms" for n in p["top_nodes"][:nodes]]
+            if who == "runtime":  # eager's nodes are its aten operator types, listed above
+                lines.append("  slowest nodes:")
+                lines += [
+                    f"    {n['name'][-60:]:<60} {n['op'][:24]:<24} {n['ms']:>8.3f} ms" for n in p["top_nodes"][:nodes]
+                ]
             if "by_module" in p:
                 lines.append("  modules (inclusive):")
                 lines += [f"    {m['module'][:60]:<60} {m['ms']:>9.3f} ms" for m in p["by_module"][:nodes]]

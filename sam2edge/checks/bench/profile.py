@@ -233,7 +233,7 @@ def tflite_node_times(path: Path, threads: int, runs: int) -> tuple[list[NodeTim
         kind = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
         out = sg.tensors[int(op.outputs[0])].name.decode(errors="replace") if len(op.outputs) else ""
         ms = _time_interpreter(piece(model, i, i + 1).data, None, threads, runs)
-        nodes.append(NodeTime(f"#{i} {out}"[:90], kind, ms))
+        nodes.append(NodeTime(f"#{i} {out.split(';')[0][-80:]}", kind, ms))  # the module path's tail
     return nodes, _time_interpreter(None, path, threads, runs)
 
 

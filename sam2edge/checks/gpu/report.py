@@ -13,10 +13,13 @@ from sam2edge.errors import UserError
 
 
 def tflite_files(target: str | Path) -> list[Path]:
-    """A .tflite file, or every .tflite directly in a folder (sorted); else UserError."""
+    """A .tflite file, or every .tflite directly in a folder (sorted; a bundle's CPU-only decoder left out,
+    the GPU never loads it); else UserError."""
+    from sam2edge.runtime.litert_backend import DECODER_CPU_FILE
+
     target = Path(target)
     if target.is_dir():
-        files = sorted(target.glob("*.tflite"))
+        files = sorted(p for p in target.glob("*.tflite") if p.name != DECODER_CPU_FILE)
         if not files:
             raise UserError(f"{target} holds no .tflite file; pass a .tflite file or a LiteRT bundle folder")
         return files
@@ -140,7 +143,7 @@ def export_check(ctx) -> dict:
         return skipped_record("not run: exported with --gpu-check skip")
     files, devices, reused = {}, [], []
     for f in sorted(ctx.files):
-        if f.endswith(".tflite"):
+        if f.endswith(".tflite") and ctx.files[f] != "decoder-cpu":  # the CPU decoder never meets a GPU
             files[f], device, hit = cached_summary(ctx.folder / f)
             devices.append(device)
             reused += [f] if hit else []
