@@ -42,7 +42,7 @@ TARGETS: dict[str, Target] = {
             "onnx",
             "sam2edge.export.onnx:SPEC",
             "sam2edge.runtime.onnx_backend:OnnxBackend",
-            ("fp32", "fp16"),
+            ("fp32", "fp16", "int8"),
             "ONNX (onnxruntime)",
             "onnx",
             "onnxruntime",

@@ -174,3 +174,21 @@ def test_export_cli_passes_gpu_check_skip(tmp_path: Path, monkeypatch) -> None:
     assert main([*args, "--gpu-check", "skip"]) == 2
     assert seen["options"] == {"gpu_check": "skip"} and "--gpu-check skip" in seen["command"]
     assert main(args) == 2 and seen["options"] is None
+
+
+def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
+    """ONNX int8 (dynamic int8 MatMuls in the encoder, decoder fp32): worst mask IoU >= 0.95 and median
+    >= 0.99 over 40 clicks on real photos against eager fp32 with upstream's operations."""
+    import onnx
+
+    from sam2edge.export.onnx import export_onnx
+
+    out = tmp_path / "int8"
+    card = export_onnx(synthetic_state_dict(TEST_SMALL), SOURCE, TEST_SMALL, "test-small", "int8", out, "test")
+    e2e = card["fidelity"]["end_to_end"]
+    assert card["status"] == "shippable" and card["precision"] == "int8" and e2e["clicks"] >= 40
+    assert e2e["iou_worst"] >= 0.95 and e2e["iou_median"] >= 0.99
+    enc = [n.op_type for n in onnx.load(str(out / "encoder.onnx")).graph.node]
+    dec = [n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node]
+    assert enc.count("MatMulInteger") >= 12 and "DynamicQuantizeLinear" in enc and "MatMulInteger" not in dec
+    assert card["extra"]["rewrites"]["transposed_conv"] == "native"
