@@ -33,7 +33,7 @@ TARGETS: dict[str, Target] = {
             "litert",
             "sam2edge.export.litert:SPEC",
             "sam2edge.runtime.litert_backend:LiteRTBackend",
-            ("fp32", "fp16"),
+            ("fp32", "fp16", "int8"),
             "LiteRT (.tflite)",
             "litert",
             "ai-edge-litert",

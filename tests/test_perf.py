@@ -192,3 +192,26 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     dec = [n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node]
     assert enc.count("MatMulInteger") >= 12 and "DynamicQuantizeLinear" in enc and "MatMulInteger" not in dec
     assert card["extra"]["rewrites"]["transposed_conv"] == "native"
+
+
+def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
+    """LiteRT int8 (litert-torch dynamic-range recipe on the encoder; decoders fp32): the int8 bar (worst
+    mask IoU >= 0.95, median >= 0.99 over 40 clicks); GPU check skipped (the card says so)."""
+    from sam2edge.export.pipeline import run_export
+
+    out = tmp_path / "int8"
+    card = run_export(
+        "litert",
+        "test-small",
+        "int8",
+        out,
+        weights=(synthetic_state_dict(TEST_SMALL), SOURCE),
+        options={"gpu_check": "skip"},
+    )
+    fid = card["fidelity"]
+    e2e = fid["end_to_end"]
+    assert card["status"] == "shippable" and e2e["clicks"] >= 40
+    assert e2e["iou_worst"] >= 0.95 and e2e["iou_median"] >= 0.99
+    lint = card["extra"]["lint"]
+    assert "INT8" in lint["encoder.tflite"]["weight_dtypes"] and "INT8" not in lint["decoder.tflite"]["weight_dtypes"]
+    assert fid["checks"]["gpu_delegate"]["skipped"] and not fid["checks"]["gpu_decoder_fidelity"]["failures"]

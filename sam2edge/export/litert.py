@@ -128,14 +128,13 @@ def graphs(model: Sam2ImageModel, num_tokens: int) -> dict[str, tuple[nn.Module,
 
 
 def convert_graph(module: nn.Module, sample_kwargs: dict[str, torch.Tensor], path: Path, precision: str) -> None:
-    """litert-torch conversion of one graph to ``path`` (fp16: fp16 weights, fp32 I/O)."""
+    """litert-torch conversion of one graph to ``path`` (fp16: fp16 weights, fp32 I/O; int8: dynamic-range
+    int8, i.e. int8 per-channel weights, activations quantised per call by XNNPACK, fp32 I/O)."""
     import litert_torch
+    from litert_torch.generative.quantize import quant_recipes
 
-    quant = None
-    if precision == "fp16":
-        from litert_torch.generative.quantize.quant_recipes import full_fp16_recipe
-
-        quant = full_fp16_recipe()
+    quant = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}.get(precision)
+    quant = quant() if quant is not None else None
     edge = litert_torch.convert(module.eval(), sample_kwargs=sample_kwargs, quant_config=quant)
     edge.export(str(path))
     del edge
@@ -208,6 +207,11 @@ def gpu_decoder_fidelity(job) -> dict:
     m = measure_backend(ref, gpu, job.precision, clicks=job.clicks)
     fails = [f"{DECODER_FILE} (GPU decoder, run on the CPU): {f}" for f in m["failures"]]
     return {"decoder": DECODER_FILE, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
+
+
+def _precision(job, file: str) -> str:
+    """int8 quantises the encoder only (as ExecuTorch and ONNX int8): a click is not GEMM-bound."""
+    return job.precision if job.precision != "int8" or file == ENCODER_FILE else "fp32"
 
 
 def _tokens(job) -> int:
@@ -313,7 +317,7 @@ SPEC = TargetSpec(
     name="litert",
     rewrites=Rewrites(),
     graphs=_graphs,
-    convert=lambda job, file, module, sample: convert_graph(module, sample, job.folder / file, job.precision),
+    convert=lambda job, file, module, sample: convert_graph(module, sample, job.folder / file, _precision(job, file)),
     open_backend=lambda job: LiteRTBackend(job.folder, job.cfg, _tokens(job)),
     extra=_extra,
     summary=summary,

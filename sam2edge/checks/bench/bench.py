@@ -38,6 +38,7 @@ from sam2edge.checks.bench.records import (  # noqa: F401
     add_ratios,
     add_scaling,
     format_table,
+    vector_extensions,
     write_records,
 )
 from sam2edge.checks.fidelity import click_set, photo
@@ -57,33 +58,6 @@ def package_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-VECTOR_FLAGS = (
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512_vnni",
-    "avx_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-    "asimd",
-    "asimddp",
-    "sve",
-    "i8mm",
-    "bf16",
-)
-
-
-def vector_extensions(cpuinfo: str) -> list[str]:
-    """The SIMD / matrix extensions among ``VECTOR_FLAGS`` that /proc/cpuinfo's first flags line (x86
-    ``flags``, ARM ``Features``) names, in ``VECTOR_FLAGS`` order."""
-    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", cpuinfo, re.M)
-    have = set(m.group(1).split()) if m else set()
-    return [f for f in VECTOR_FLAGS if f in have]
 
 
 def machine() -> dict:

@@ -10,6 +10,33 @@ from sam2edge.bundle import write_json
 UPSTREAM = "upstream-eager"
 
 
+VECTOR_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "asimddp",
+    "sve",
+    "i8mm",
+    "bf16",
+)
+
+
+def vector_extensions(cpuinfo: str) -> list[str]:
+    """The SIMD / matrix extensions among ``VECTOR_FLAGS`` that /proc/cpuinfo's first flags line (x86
+    ``flags``, ARM ``Features``) names, in ``VECTOR_FLAGS`` order."""
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", cpuinfo, re.M)
+    have = set(m.group(1).split()) if m else set()
+    return [f for f in VECTOR_FLAGS if f in have]
+
+
 def add_ratios(records: list[dict]) -> None:
     """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
     ups = {(r["resolution"], r["threads"]): r for r in records if r["runtime"] == UPSTREAM}
