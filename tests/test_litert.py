@@ -303,9 +303,9 @@ def test_model_bad_bundle_exit_2(tmp_path, bundle, capsys):
 
 
 def test_export_bad_arguments_exit_2(tmp_path, capsys):
-    base = ["export", "--target", "litert", "--config", "test-small"]
-    assert main([*base, "--precision", "int8", "--out", str(tmp_path / "b")]) == 2
-    assert "fp32 or fp16" in _one_line_error(capsys)
+    webgpu = ["export", "--target", "executorch-webgpu", "--config", "test-small", "--precision", "int8"]
+    assert main([*webgpu, "--out", str(tmp_path / "b")]) == 2
+    assert "offers --precision fp32" in _one_line_error(capsys)
     (tmp_path / "occupied").mkdir()
     (tmp_path / "occupied" / "thesis.txt").write_text("keep me")
     assert main(["export", "--target", "litert", "--config", "test-small", "--out", str(tmp_path / "occupied")]) == 2
