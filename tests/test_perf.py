@@ -192,6 +192,7 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     dec = [n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node]
     assert enc.count("MatMulInteger") >= 12 and "DynamicQuantizeLinear" in enc and "MatMulInteger" not in dec
     assert card["extra"]["rewrites"]["transposed_conv"] == "native"
+    assert {"convert encoder.onnx", "check optimization", "fidelity"} <= set(card["extra"]["stage_seconds"])
 
 
 def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
@@ -215,3 +216,15 @@ def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     lint = card["extra"]["lint"]
     assert "INT8" in lint["encoder.tflite"]["weight_dtypes"] and "INT8" not in lint["decoder.tflite"]["weight_dtypes"]
     assert fid["checks"]["gpu_delegate"]["skipped"] and not fid["checks"]["gpu_decoder_fidelity"]["failures"]
+
+
+def test_export_records_stage_seconds(tmp_path: Path) -> None:
+    from sam2edge.progress import Stages
+
+    st = Stages("t", 3)
+    st.next("a")
+    st.next("b")
+    st.next("a")
+    st.finish_stage()
+    st.close()
+    assert set(st.seconds) == {"a", "b"} and all(v >= 0 for v in st.seconds.values())

@@ -204,6 +204,7 @@ def run_export(
             fidelity = _fidelity(spec, job, bars)
             if not fidelity["passed"] and not force:
                 raise UserError(f"export refused: {fidelity['failures'][0]}; pass --force to write it as 'rejected'")
+            stages.finish_stage()  # every stage before the write, timed (card.json extra.stage_seconds)
             stages.next("write")
             return finalize_bundle(
                 tmp,
@@ -216,7 +217,7 @@ def run_export(
                 artifacts=dict(job.files),
                 fidelity=fidelity,
                 status="shippable" if fidelity["passed"] else "rejected",
-                extra=spec.extra(job),
+                extra=spec.extra(job) | {"stage_seconds": dict(stages.seconds)},
             )
     finally:
         stages.close()
