@@ -228,3 +228,34 @@ def test_export_records_stage_seconds(tmp_path: Path) -> None:
     st.finish_stage()
     st.close()
     assert set(st.seconds) == {"a", "b"} and all(v >= 0 for v in st.seconds.values())
+
+
+def test_executorch_fp16_gelu_stays_in_the_delegate() -> None:
+    """fp16 GELU -> erf-free exact form (erf to 1.5e-7): one XNNPACK delegate instead of GELUs splitting it
+    on the portable kernel; the form matches the exact GELU (fp64) and the fp16 program fp32 eager."""
+    import math
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.runtime import Runtime
+
+    from sam2edge.export.executorch_lower import ERF_A, ERF_P, lower
+
+    x = torch.linspace(-12, 12, 100001, dtype=torch.float64)
+    z = x.abs() / math.sqrt(2)
+    t = 1 / (1 + ERF_P * z)
+    erf = 1 - sum(a * t ** (i + 1) for i, a in enumerate(ERF_A)) * torch.exp(-z * z)
+    assert (0.5 * x + 0.5 * x.abs() * erf - torch.nn.functional.gelu(x)).abs().max() < 5e-7
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.GELU())
+    m = m.eval().half()
+    xin = (torch.randn(64, 16, generator=torch.Generator().manual_seed(0)) * 3).half()
+    before = lower(m, (xin,), [XnnpackPartitioner()], legalize=False)[1].as_dict()
+    prog, census = lower(m, (xin,), [XnnpackPartitioner()], legalize=True)
+    after = census.as_dict()
+    assert before["outside_delegate"].get("gelu") == 2 and before["delegates"] >= 2
+    assert after["delegates"] == 1 and "gelu" not in after["outside_delegate"]
+    assert set(after["outside_delegate"]) <= {"dim_order_ops"}  # fp32 scalar constants cast to fp16
+    out = Runtime.get().load_program(prog.buffer).load_method("forward").execute([xin])[0].float()
+    with torch.no_grad():
+        ref = m.float()(xin.float())
+    assert (out - ref).abs().max() <= 2e-3 * ref.abs().max()  # fp16 rounding, not an approximation
