@@ -59,9 +59,9 @@ def summarise(nodes: list[NodeTime], top: int = 15) -> dict:
     }
 
 
-def _artifact(folder: Path, role: str) -> Path:
+def _artifact(folder: Path, role: str) -> Path | None:
     card = load_card(folder)
-    return folder / next(a["file"] for a in card["artifacts"] if a.get("role") == role)
+    return next((folder / a["file"] for a in card["artifacts"] if a.get("role") == role), None)
 
 
 def _drive(backend, inputs: tuple, runs: int, clicks: int) -> None:
@@ -238,9 +238,13 @@ def tflite_node_times(path: Path, threads: int, runs: int) -> tuple[list[NodeTim
 
 
 def profile_litert(folder: Path, backend, inputs: tuple, threads: int, runs: int) -> dict:
+    """Encoder, GPU decoder and (where the bundle has it) the CPU decoder that the CPU runtime runs."""
     out = {}
-    for graph in ("encoder", "decoder"):
-        nodes, whole = tflite_node_times(_artifact(folder, graph), threads, runs)
+    for graph in ("encoder", "decoder", "decoder-cpu"):
+        path = _artifact(folder, graph)
+        if path is None:
+            continue
+        nodes, whole = tflite_node_times(path, threads, runs)
         out[graph] = summarise(nodes) | {
             "calls": runs,
             "whole_graph_ms": whole,
