@@ -157,6 +157,12 @@ def test_gpu_check_skip_and_reuse_by_sha256(tmp_path: Path, monkeypatch) -> None
     monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", "off")
     report.export_check(ctx)
     assert len(checked) == 3
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", str(tmp_path / "cache2"))  # a crashed run is not remembered
+    monkeypatch.setattr(report, "summarize", lambda r: {"verdict": "failed", "failures": ["GPU run crashed"]})
+    ctx.allow_dirty = True
+    report.export_check(ctx)
+    report.export_check(ctx)
+    assert len(checked) == 5
 
 
 def test_export_cli_passes_gpu_check_skip(tmp_path: Path, monkeypatch) -> None:

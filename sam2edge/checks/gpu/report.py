@@ -117,6 +117,11 @@ def skipped_record(reason: str) -> dict:
     return {"skipped": True, "reason": reason, "environment": environment(""), "bars": BARS, "files": {}}
 
 
+# verdicts a graph's bytes decide; "failed" (a crashed GPU run) and "device-limit" (a deadline) may be the
+# machine's state of the moment, so they are checked again next time
+CACHEABLE = ("resident", "partial", "mismatch")
+
+
 def cached_summary(path: Path) -> tuple[dict, str, bool]:
     """(summary, device, reused) of one .tflite: read back from ``checks.gpu.cache`` for a graph already
     checked (same SHA-256, LiteRT version and bars), else checked now and remembered."""
@@ -128,7 +133,8 @@ def cached_summary(path: Path) -> tuple[dict, str, bool]:
         return hit["summary"], hit["device"], True
     r = check_file(path)
     summary, device = summarize(r), r.residency.device
-    cache.store(key, summary, device)
+    if summary["verdict"] in CACHEABLE:
+        cache.store(key, summary, device)
     return summary, device, False
 
 
