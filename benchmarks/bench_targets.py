@@ -22,7 +22,7 @@ from sam2edge.cli.main import main as sam2edge_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundles", nargs="+", help="bundle folders written by `sam2edge export`")
-    p.add_argument("--threads", type=int, default=2, help="threads for every runtime (default 2)")
+    p.add_argument("--threads", default="2", help="threads for every runtime, or a comma list such as 1,2 (default 2)")
     p.add_argument("--runs", type=int, default=5, help="timed rounds (default 5)")
     p.add_argument("--clicks", type=int, default=4, help="decodes per round (default 4)")
     p.add_argument("--records", default="records", help="folder for the JSON records (default records/)")

@@ -8,6 +8,7 @@ prints one line above any running bar.
 from __future__ import annotations
 
 import sys
+import time
 
 from tqdm.auto import tqdm
 
@@ -40,16 +41,27 @@ class Progress:
 
 
 class Stages:
-    """A bar over the named stages of a job; ``next(name)`` starts a stage (and finishes the previous)."""
+    """A bar over the named stages of a job; ``next(name)`` starts a stage (and finishes the previous).
+    ``seconds``: wall seconds of every finished stage, by name (a repeated name adds up)."""
 
     def __init__(self, label: str, total: int) -> None:
         self.bar, self.started = _bar(label, total, "stage"), 0
+        self.seconds: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
 
     def next(self, name: str) -> None:
         if self.started:
             self.bar.update(1)
+        self.finish_stage()
+        self._current = (name, time.perf_counter())
         self.started += 1
         self.bar.set_postfix_str(name[:60])
+
+    def finish_stage(self) -> None:
+        if self._current is not None:
+            name, t0 = self._current
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+            self._current = None
 
     def close(self) -> None:
         if self.started:

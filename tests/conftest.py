@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
+os.environ.setdefault("SAM2EDGE_GPU_CHECK_CACHE", "off")  # every test runs its GPU check (test_perf turns it on)
 
 from oracles import hf_sam2_model, meta_sam2base  # noqa: E402
 

@@ -70,11 +70,16 @@ def test_export_writes_a_verified_bundle(bundle):
     assert card["status"] == "shippable" and card["extra"]["gpu_clean"] is True
     files = {a["file"]: a["role"] for a in card["artifacts"]}
     models = {f for f, r in files.items() if r != "prompt-table"}
-    assert models == {"encoder.tflite", "decoder.tflite", "mask_encoder.tflite"}
+    assert models == {"encoder.tflite", "decoder.tflite", "mask_encoder.tflite", "decoder_cpu.tflite"}
+    assert files["decoder_cpu.tflite"] == "decoder-cpu"
     assert all((bundle / f).is_file() for f in files)
     fid = card["fidelity"]
     assert fid["passed"] and fid["end_to_end"]["clicks"] >= 40
     assert min(v["cosine"] for v in fid["outputs"].values()) >= 0.99999
+    # the GPU decoder is measured too (the CPU runtime runs decoder_cpu.tflite), with the same bars
+    gpu = fid["checks"]["gpu_decoder_fidelity"]
+    assert gpu["decoder"] == "decoder.tflite" and not gpu["failures"] and gpu["end_to_end"]["clicks"] >= 40
+    assert min(v["cosine"] for v in gpu["outputs"].values()) >= 0.99999
     assert set(fid["outputs"]) >= {"encoder.image_embed", "decoder.masks", "mask_encoder.dense_prompt"}
     assert validate_fidelity(json.loads((bundle / "fidelity.json").read_text())) == fid  # the one schema
     io = card["extra"]["io"]["decoder.tflite"]
@@ -139,6 +144,8 @@ def test_op_presence_and_absence(bundle):
     assert {"CONV_2D", "MAX_POOL_2D", "BATCH_MATMUL", "SOFTMAX", "FULLY_CONNECTED"} <= set(enc.ops)
     assert {"CONV_2D", "BATCH_MATMUL", "SOFTMAX", "FULLY_CONNECTED"} <= set(dec.ops)
     assert "TRANSPOSE_CONV" not in dec.ops and "ERF" not in enc.ops  # zero-stuff conv, no erf GELU
+    cpu = lint_file(bundle / "decoder_cpu.tflite")  # native transposed conv: fewer MACs, CPU only
+    assert "TRANSPOSE_CONV" in cpu.ops and cpu.nodes < dec.nodes
     assert {t.name for t in dec.signatures["serving_default"]["inputs"]} >= {"sparse_prompt", "sparse_valid"}
 
 
@@ -220,6 +227,23 @@ def test_litert_matches_eager_with_mask_input(predictors):
     assert np.abs(plain[2] - ref_out[2]).max() > 1e-3  # the mask input really changes the answer
 
 
+def test_cpu_runtime_loads_the_cpu_decoder_and_both_decoders_agree(bundle, predictors):
+    """The bundle carries a decoder per accelerator; this CPU runtime picks decoder_cpu.tflite at load, and
+    the GPU-clean decoder.tflite gives the same answers (both are measured against eager at export)."""
+    from sam2edge.runtime.litert_backend import LiteRTBackend
+
+    _, test = predictors
+    cpu = test.backend
+    assert cpu.decoder_file == "decoder_cpu.tflite"
+    gpu = LiteRTBackend(bundle, cpu.cfg, cpu.num_tokens, decoder="decoder.tflite")
+    coords = np.array([[[40.0, 60.0], [200.0, 100.0], [0.0, 0.0]]], np.float32)
+    labels = np.array([[1, 0, -1]], np.float32)
+    a, b = cpu.decode(test._features, coords, labels, None), gpu.decode(test._features, coords, labels, None)
+    for x, y in ((a.masks, b.masks), (a.iou, b.iou), (a.single_mask, b.single_mask)):
+        x, y = x.ravel().astype(np.float64), y.ravel().astype(np.float64)
+        assert x @ y / np.linalg.norm(x) / np.linalg.norm(y) >= 0.99999
+
+
 def test_too_many_prompt_points_is_a_clear_error(predictors):
     _, test = predictors
     with pytest.raises(UserError, match="slots"):
@@ -279,9 +303,9 @@ def test_model_bad_bundle_exit_2(tmp_path, bundle, capsys):
 
 
 def test_export_bad_arguments_exit_2(tmp_path, capsys):
-    base = ["export", "--target", "litert", "--config", "test-small"]
-    assert main([*base, "--precision", "int8", "--out", str(tmp_path / "b")]) == 2
-    assert "fp32 or fp16" in _one_line_error(capsys)
+    webgpu = ["export", "--target", "executorch-webgpu", "--config", "test-small", "--precision", "int8"]
+    assert main([*webgpu, "--out", str(tmp_path / "b")]) == 2
+    assert "offers --precision fp32" in _one_line_error(capsys)
     (tmp_path / "occupied").mkdir()
     (tmp_path / "occupied" / "thesis.txt").write_text("keep me")
     assert main(["export", "--target", "litert", "--config", "test-small", "--out", str(tmp_path / "occupied")]) == 2

@@ -186,7 +186,7 @@ def test_cli_exit_2(bundle, tmp_path, capsys):
     (bad / "encoder.onnx").write_bytes(b"not an onnx file")
     argv_sets = [
         ["segment", "sample:astronaut.png", "--point", "10,10", "--model", str(bad), "--out", str(tmp_path / "m.png")],
-        ["export", "--target", "onnx", "--precision", "int8", "--config", "test-small", "--out", str(tmp_path / "x")],
+        ["export", "--target", "onnx", "--resolution", "100", "--config", "test-small", "--out", str(tmp_path / "x")],
     ]
     for argv in argv_sets:
         assert main(argv) == 2

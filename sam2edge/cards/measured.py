@@ -138,6 +138,8 @@ def gpu_delegate(fid: dict) -> list[str]:
     rec = (fid.get("checks") or {}).get("gpu_delegate")
     if not rec:
         return []
+    if rec.get("skipped"):
+        return ["## GPU delegate (software GPU)", "", f"The GPU delegate check was {rec.get('reason', 'not run')}.", ""]
     lines = [
         "## GPU delegate (software GPU)",
         "",

@@ -19,7 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compare", nargs="+", default=[], metavar="DIR", help="bundles to time against upstream eager and the bound"
     )
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads per runtime (default: all cores)")
+    p.add_argument(
+        "--threads",
+        default=str(os.cpu_count() or 1),
+        help="threads per runtime, or a comma list timed one after another for thread scaling, e.g. 1,2"
+        " (default: all cores)",
+    )
     p.add_argument("--runs", type=int, default=5, help="timed rounds (each: 1 encode + --clicks decodes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds per subject after loading")
     p.add_argument("--clicks", type=int, default=4, help="decodes per round (point, point+negative, box, box+point)")
@@ -29,6 +34,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", choices=sorted(CONFIGS), help="upstream-only: model config (default Hiera-Tiny)")
     p.add_argument("--resolution", type=int, help="upstream-only: input side in pixels")
     p.add_argument("--checkpoint", help="upstream weights (default: the first bundle's recorded checkpoint)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile each bundle instead of timing it: time per operator type and slowest nodes from the"
+        " runtime's profiler, and upstream eager's per-module profile (one JSON record per bundle)",
+    )
+    p.add_argument("--no-eager", action="store_true", help="with --profile: skip upstream eager's profile")
+
+
+def parse_threads(text: str) -> list[int]:
+    """'2' or '1,2' -> [2] / [1, 2]; anything else is a one-line UserError."""
+    from sam2edge.errors import UserError
+
+    try:
+        counts = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--threads {text!r} must be a whole number or a comma list such as 1,2") from None
+    if not counts or min(counts) < 1:
+        raise UserError(f"--threads {text!r}: every count must be at least 1")
+    return counts
+
+
+def run_profiles(args: argparse.Namespace, bundles: list[str], threads: int) -> int:
+    from sam2edge.checks.bench.eager_profile import format_profile, profile_bundle, write_profile
+
+    for b in bundles:
+        rec = profile_bundle(b, threads=threads, runs=args.runs, clicks=args.clicks, eager=not args.no_eager)
+        print(format_profile(rec))
+        if not args.no_records:
+            print(f"record: {write_profile(rec, args.records)}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,14 +75,18 @@ def run(args: argparse.Namespace) -> int:
     upstream = args.upstream or bool(args.compare)
     if not bundles and not upstream:
         raise UserError("nothing to time; pass bundle folders, --upstream, or --compare DIR ...")
+    threads = parse_threads(args.threads)
     for name, v, lo in (
-        ("--threads", args.threads, 1),
         ("--runs", args.runs, 1),
         ("--warmup", args.warmup, 0),
         ("--clicks", args.clicks, 1),
     ):
         if v < lo:
             raise UserError(f"{name} {v} must be at least {lo}")
+    if args.profile:
+        if not bundles:
+            raise UserError("--profile needs bundle folders to profile")
+        return max(run_profiles(args, bundles, t) for t in threads)
     cfg = None
     if args.config or args.resolution:
         cfg = CONFIGS[args.config or "sam2.1-hiera-tiny"]
@@ -58,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out = run_bench(
         bundles,
         upstream=upstream,
-        threads=args.threads,
+        threads=threads,
         runs=args.runs,
         warmup=args.warmup,
         clicks=args.clicks,

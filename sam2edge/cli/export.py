@@ -44,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
     p.add_argument("--video", action="store_true", help="also export the video graphs (tracking from the bundle)")
+    p.add_argument(
+        "--gpu-check",
+        choices=("run", "skip"),
+        default="run",
+        help="litert: run LiteRT's GPU-delegate check (default; results reused for a graph already checked here,"
+        " keyed by its SHA-256) or skip it (card.json and fidelity.json say it was not run)",
+    )
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -56,6 +63,7 @@ def command_line(args: argparse.Namespace) -> str:
     parts += ["--out", str(args.out)]
     flags = (("--allow-dirty", args.allow_dirty), ("--force", args.force), ("--video", args.video))
     parts += [flag for flag, on in flags if on]
+    parts += ["--gpu-check", "skip"] if getattr(args, "gpu_check", "run") == "skip" else []
     return shlex.join(parts)
 
 
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         command=command_line(args),
         video=args.video,
+        options={"gpu_check": args.gpu_check} if args.gpu_check != "run" else None,
     )
     print(resolve(target.converter).summary(card, Path(args.out)))
     return 0

@@ -11,6 +11,8 @@ delegate accepts (no approximation), and LayerNorm, attention and GELU land insi
   * ``upsample_nearest2d`` by 2 (FPN top-down) -> interleaving concatenations of the input with
     ``input * 1.0`` (exact copies; XNNPACK has no nearest resize and needs two distinct cat inputs);
   * ``select`` (one index of a dim) -> a slice of length 1 and a squeeze;
+  * fp16 ``gelu`` -> an erf-free form of the exact GELU (``_gelu_erf_free``: erf to 1.5e-7, far below fp16
+    resolution) from operators XNNPACK runs in fp16, so GELU no longer splits the fp16 delegate;
   * no-op ``expand_copy`` (left by the 4-D matmul decomposition at batch 1) -> removed (edge pass).
 
 ``lower`` runs export -> to_edge_transform_and_lower(partitioner) -> to_executorch and returns the
@@ -80,7 +82,36 @@ def _select(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
     return g.call_function(aten.squeeze.dims, (y, [d]))
 
 
+# erf(z) for z >= 0 as 1 - (a1 t + ... + a5 t^5) exp(-z^2), t = 1 / (1 + p z): Abramowitz & Stegun 7.1.26,
+# absolute error <= 1.5e-7, i.e. thousands of times below fp16's resolution (~1e-3 relative)
+ERF_P, ERF_A = 0.3275911, (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _gelu_erf_free(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
+    """fp16 exact-form GELU -> 0.5 x + 0.5 |x| erf(|x| / sqrt 2) with erf from ``ERF_A`` (abs, mul, add,
+    div, exp: operators XNNPACK runs in fp16; t = 1 / (1 + p z) is written 1 - p z / (1 + p z) because
+    XNNPACK takes a tensor division but no reciprocal). XNNPACK's own fp16 GELU is an approximation the partitioner
+    leaves out (measured up to 15 % off), so each fp16 GELU split the delegate and ran on the portable
+    kernel; with this form it stays inside. x erf(x / sqrt 2) = |x| erf(|x| / sqrt 2): no sign needed."""
+    x = node.args[0]
+    if x.meta["val"].dtype != torch.float16 or node.kwargs.get("approximate", "none") != "none":
+        return None
+    f = g.call_function
+    ax = f(aten.abs.default, (x,))
+    z = f(aten.mul.Tensor, (ax, 1.0 / math.sqrt(2.0)))
+    y = f(aten.add.Tensor, (f(aten.mul.Tensor, (z, ERF_P)), 1.0))  # 1 + p z
+    t = f(aten.rsub.Scalar, (f(aten.mul.Tensor, (f(aten.div.Tensor, (z, y)), ERF_P)), 1.0))  # 1 - p z / (1 + p z)
+    poly = f(aten.mul.Tensor, (t, ERF_A[-1]))
+    for a in reversed(ERF_A[:-1]):  # Horner: ((a5 t + a4) t + a3) t ... then * t
+        poly = f(aten.mul.Tensor, (f(aten.add.Tensor, (poly, a)), t))
+    e = f(aten.exp.default, (f(aten.neg.default, (f(aten.mul.Tensor, (z, z)),)),))
+    erf = f(aten.rsub.Scalar, (f(aten.mul.Tensor, (poly, e)), 1.0))  # 1 - poly * exp(-z^2)
+    half_x = f(aten.mul.Tensor, (x, 0.5))
+    return f(aten.add.Tensor, (half_x, f(aten.mul.Tensor, (f(aten.mul.Tensor, (ax, 0.5)), erf))))
+
+
 REWRITES = {
+    aten.gelu.default: _gelu_erf_free,
     aten.mean.dim: _reduce_one_dim,
     aten.sum.dim_IntList: _reduce_one_dim,
     aten.upsample_nearest2d.vec: _nearest_2x,

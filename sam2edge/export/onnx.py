@@ -50,7 +50,12 @@ ONNX_REWRITES = Rewrites(
 )
 CLICKS = 40
 # optimised vs unoptimised graph, per output: fp32 to ~1e-7, fp16 within its own rounding (~1e-3 relative)
-OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.99999}
+# (int8: the check compares the fp32 graphs before quantisation, so fp32's tolerance)
+OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.99999, "int8": 0.9999999}
+# int8 = onnxruntime dynamic quantisation of the encoder's MatMuls (int8 per-channel symmetric weights,
+# activations quantised per call: MatMulInteger / DynamicQuantizeLinear, VNNI / dot-product kernels on
+# x86 / ARM); the decoder stays fp32 like ExecuTorch's int8 (4.2 M parameters, a click is not GEMM-bound)
+INT8_OPS = ("MatMul",)
 LABEL_MEANING = "1 foreground, 0 background, 2 box top-left, 3 box bottom-right, -1 not-a-point pad, -2 ignored slot"
 
 
@@ -84,7 +89,24 @@ class HalfPointDecoderGraph(nn.Module):
         return self.fp16.answers(masks, iou, obj)  # answer selection in fp32: stability counts must be exact
 
 
-GRAPHS = {"fp32": (EncoderGraph, PointDecoderGraph), "fp16": (HalfEncoderGraph, HalfPointDecoderGraph)}
+GRAPHS = {
+    "fp32": (EncoderGraph, PointDecoderGraph),
+    "fp16": (HalfEncoderGraph, HalfPointDecoderGraph),
+    "int8": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; the encoder is quantised after optimisation
+}
+
+
+def quantize_int8(src: Path, dst: Path) -> dict:
+    """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel) into ``dst``."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=INT8_OPS)
+    ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
+    return {
+        "method": "onnxruntime quantize_dynamic, QInt8 per-channel weights",
+        "MatMulInteger": ops.count("MatMulInteger"),
+    }
 
 
 def example_inputs(cfg: Sam2Config) -> tuple[tuple[torch.Tensor], tuple[torch.Tensor, ...]]:
@@ -144,7 +166,11 @@ def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[s
     return {
         "model_id": model_id(config_name(cfg)),
         "role": role,
-        "precision": f"{precision} weights, fp32 inputs and outputs",
+        "precision": (
+            "fp32 weights (int8 bundle: only the encoder is quantised), fp32 inputs and outputs"
+            if precision == "int8" and role == "decoder"
+            else f"{precision} weights, fp32 inputs and outputs"
+        ),
         "resolution": str(s),
         "checkpoint": str(source.get("checkpoint")),
         "checkpoint_sha256": str(source.get("sha256") or "none (synthetic checkpoint: masks are meaningless)"),
@@ -276,7 +302,11 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     props = metadata(job.cfg, job.precision, job.source, role)
     if role in VIDEO_GRAPHS:  # card.json extra.video lists every tensor's shape
         props["outputs"] = ", ".join(names_out)
-    finish(opt, job.folder / file, props)
+    final = opt
+    if job.precision == "int8" and role == "encoder":
+        final = work / f"int8_{role}.onnx"
+        job.state["census"][role]["int8"] = quantize_int8(opt, final)
+    finish(final, job.folder / file, props)
 
 
 def optimization_check(job) -> dict:

@@ -45,6 +45,7 @@ from sam2edge.targets import Target, get_target, resolve
 GRAPH_SET: dict[str, str] = {
     "encoder": "image 1x3xSxS -> image_embeddings 1xCxexe, feat_s0, feat_s1",
     "decoder": "features + prompt -> masks 1x3, iou 1x3, single_mask, single_iou, object_score",
+    "decoder-cpu": "the decoder built with CPU-friendly Rewrites, same inputs and outputs (CPU runtimes load it)",
     "mask-encoder": "mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe",
     **vid.GRAPH_SET_VIDEO,  # --video: memory attention, memory encoder, video decoder
 }
@@ -227,6 +228,7 @@ def run_export(
             fidelity = _fidelity(spec, job, bars)
             if not fidelity["passed"] and not force:
                 raise UserError(f"export refused: {fidelity['failures'][0]}; pass --force to write it as 'rejected'")
+            stages.finish_stage()  # every stage before the write, timed (card.json extra.stage_seconds)
             stages.next("write")
             return finalize_bundle(
                 tmp,
@@ -239,7 +241,11 @@ def run_export(
                 artifacts=dict(job.files),
                 fidelity=fidelity,
                 status="shippable" if fidelity["passed"] else "rejected",
-                extra={**spec.extra(job), **({"video": vid.extra(job)} if video else {})},
+                extra={
+                    **spec.extra(job),
+                    **({"video": vid.extra(job)} if video else {}),
+                    "stage_seconds": dict(stages.seconds),
+                },
             )
     finally:
         stages.close()

@@ -35,6 +35,9 @@ from sam2edge.runtime.backends import Decoded, Features
 from sam2edge.runtime.prompts import encode_points, no_mask_dense
 
 ENCODER_FILE, DECODER_FILE, MASK_ENCODER_FILE = "encoder.tflite", "decoder.tflite", "mask_encoder.tflite"
+# the same decoder built with CPU-friendly rewrites (native transposed conv, matmul mask head): this CPU
+# runtime loads it when the bundle has it; decoder.tflite is the GPU-clean graph (GPU delegate, browser)
+DECODER_CPU_FILE = "decoder_cpu.tflite"
 SIGNATURE = "serving_default"
 DEFAULT_NUM_TOKENS = 8  # box corners + up to 5 points + 1 pad, or up to 7 points + 1 pad
 
@@ -100,13 +103,25 @@ class LiteRTBackend:
 
     name = "litert"
 
-    def __init__(self, folder: str | Path, cfg: Sam2Config, num_tokens: int, num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        cfg: Sam2Config,
+        num_tokens: int,
+        num_threads: int | None = None,
+        decoder: str | None = None,
+    ) -> None:
+        """``decoder``: the decoder file to run; None = ``DECODER_CPU_FILE`` where the bundle has it, else
+        ``DECODER_FILE`` (bundles written before the CPU decoder existed)."""
         self.folder, self.cfg, self.num_tokens = Path(folder), cfg, num_tokens
+        if decoder is None:
+            decoder = DECODER_CPU_FILE if (self.folder / DECODER_CPU_FILE).is_file() else DECODER_FILE
+        self.decoder_file = decoder
         threads = num_threads or min(4, os.cpu_count() or 1)
         self.tables = read_tables(self.folder, cfg.d_model)
         self._no_mask = no_mask_dense(self.tables, cfg.image_embedding_size)
         self._enc = _interpreter(self.folder / ENCODER_FILE, threads)
-        self._dec = _interpreter(self.folder / DECODER_FILE, threads)
+        self._dec = _interpreter(self.folder / decoder, threads)
         self._mask = _interpreter(self.folder / MASK_ENCODER_FILE, threads)
 
     @classmethod
@@ -119,7 +134,8 @@ class LiteRTBackend:
             k = int(card.get("extra", {}).get("num_tokens", DEFAULT_NUM_TOKENS))
         except (ValueError, TypeError) as e:
             raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
-        backend = cls(folder, cfg, k, threads)
+        listed = {a["file"] for a in card["artifacts"]}  # only a file the card lists (and checked) is run
+        backend = cls(folder, cfg, k, threads, DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE)
         backend.check_shapes()
         return backend
 
@@ -135,7 +151,8 @@ class LiteRTBackend:
             )
         if slots != self.num_tokens:
             raise UserError(
-                f"{self.folder}/card.json says {self.num_tokens} prompt tokens, but {DECODER_FILE} has {slots}; {hint}"
+                f"{self.folder}/card.json says {self.num_tokens} prompt tokens, but {self.decoder_file} has "
+                f"{slots}; {hint}"
             )
 
     def encode(self, image: np.ndarray) -> Features:

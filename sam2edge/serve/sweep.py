@@ -202,7 +202,10 @@ def environment(browser, base_url: str, chromium: str, litertjs: str) -> dict:
 
 # ---- the sweep --------------------------------------------------------------------------------------
 def tflite_files(bundle: Path) -> list[str]:
-    files = sorted(p.name for p in bundle.glob("*.tflite"))
+    """The bundle's GPU-facing graphs (the CPU-only decoder is left out: the browser loads decoder.tflite)."""
+    from sam2edge.runtime.litert_backend import DECODER_CPU_FILE
+
+    files = sorted(p.name for p in bundle.glob("*.tflite") if p.name != DECODER_CPU_FILE)
     if not files:
         raise UserError(
             f"{bundle} holds no .tflite file; pass a LiteRT bundle written by `sam2edge export --target litert`"

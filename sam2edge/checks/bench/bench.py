@@ -33,7 +33,14 @@ import torch
 
 import sam2edge
 from sam2edge.bundle import load_card
-from sam2edge.checks.bench.records import UPSTREAM, add_ratios, format_table, write_records  # noqa: F401, E402
+from sam2edge.checks.bench.records import (  # noqa: F401
+    UPSTREAM,
+    add_ratios,
+    add_scaling,
+    format_table,
+    vector_extensions,
+    write_records,
+)
 from sam2edge.checks.fidelity import click_set, photo
 from sam2edge.checks.fidelity.verify import bundle_config, model_prompt, open_backend, reference_weights
 from sam2edge.config import HIERA_TINY, Sam2Config
@@ -54,15 +61,17 @@ def package_version(name: str) -> str:
 
 
 def machine() -> dict:
-    """What the numbers were measured on."""
-    cpu = platform.processor() or "unknown"
+    """What the numbers were measured on (CPU model and its vector extensions included)."""
+    cpu, info = platform.processor() or "unknown", ""
     try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        info = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
         cpu = m.group(1).strip() if m else cpu
     except OSError:
         pass
     return {
         "cpu": cpu,
+        "vector_extensions": vector_extensions(info),
         "cores": os.cpu_count(),
         "os": platform.platform(),
         "python": platform.python_version(),
@@ -269,7 +278,17 @@ def loadavg() -> float | None:
         return None
 
 
-def run_bench(
+def run_bench(bundles: list[str | Path], *, threads: int | list[int], **kw) -> dict:
+    """``bench_once`` at each thread count in turn (one count: as it is); records of every count, ratios
+    to upstream within a count, and each subject's speed-up over its fewest-thread run (``add_scaling``)."""
+    counts = [threads] if isinstance(threads, int) else list(threads)
+    outs = [bench_once(bundles, threads=t, **kw) for t in counts]
+    records = [r for o in outs for r in o["records"]]
+    add_scaling(records)
+    return {"session": outs[0]["session"], "records": records}
+
+
+def bench_once(
     bundles: list[str | Path],
     *,
     upstream: bool,

@@ -10,12 +10,39 @@ from sam2edge.bundle import write_json
 UPSTREAM = "upstream-eager"
 
 
+VECTOR_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "asimddp",
+    "sve",
+    "i8mm",
+    "bf16",
+)
+
+
+def vector_extensions(cpuinfo: str) -> list[str]:
+    """The SIMD / matrix extensions among ``VECTOR_FLAGS`` that /proc/cpuinfo's first flags line (x86
+    ``flags``, ARM ``Features``) names, in ``VECTOR_FLAGS`` order."""
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", cpuinfo, re.M)
+    have = set(m.group(1).split()) if m else set()
+    return [f for f in VECTOR_FLAGS if f in have]
+
+
 def add_ratios(records: list[dict]) -> None:
     """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
-    ups = {r["resolution"]: r for r in records if r["runtime"] == UPSTREAM}
+    ups = {(r["resolution"], r["threads"]): r for r in records if r["runtime"] == UPSTREAM}
     for r in records:
         ratios = {}
-        up = ups.get(r["resolution"])
+        up = ups.get((r["resolution"], r["threads"]))
         if up is not None:
             for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
                 ratios[f"{key[:-3]}_vs_upstream"] = r[key]["median"] / up[key]["median"]
@@ -25,6 +52,23 @@ def add_ratios(records: list[dict]) -> None:
             ratios["decoder_vs_bound"] = r["decoder_ms"]["median"] / b["decoder_bound_ms"]
         if ratios:
             r["ratios"] = ratios
+
+
+def add_scaling(records: list[dict]) -> None:
+    """With one subject timed at several thread counts: each record's ``thread_scaling`` = its fewest-thread
+    median over this record's median (encoder, decoder), e.g. 1.8 = 1.8x faster with 2 threads than 1."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["subject"], []).append(r)
+    for recs in by.values():
+        base = min(recs, key=lambda r: r["threads"])
+        if len(recs) < 2:
+            continue
+        for r in recs:
+            r["thread_scaling"] = {
+                "base_threads": base["threads"],
+                **{k[:-3]: base[k]["median"] / r[k]["median"] for k in ("encoder_ms", "decoder_ms")},
+            }
 
 
 def record_name(rec: dict) -> str:
@@ -53,7 +97,7 @@ def format_table(records: list[dict]) -> str:
     for r in records:
         e, d, f = r["encoder_ms"], r["decoder_ms"], r["first_click_ms"]
         lines.append(
-            f"{r['subject']:<28} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
+            f"{_label(r):<28} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
             f" {r['peak_rss_mb']:>11.0f}"
         )
     if any("ratios" in r for r in records):
@@ -67,7 +111,7 @@ def format_table(records: list[dict]) -> str:
             cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
             cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
             lines.append(
-                f"{r['subject']:<28} "
+                f"{_label(r):<28} "
                 + " ".join(f"{_x(c):>12}" for c in cells)
                 + " "
                 + " ".join(f"{_x(c):>10}" for c in cells2)
@@ -80,6 +124,13 @@ def format_table(records: list[dict]) -> str:
                 f" {b['decoder_bound_ms']:.1f} ms"
             )
     return "\n".join(lines)
+
+
+def _label(r: dict) -> str:
+    """Subject, plus its thread count and scaling when the run timed several counts."""
+    if "thread_scaling" not in r:
+        return r["subject"]
+    return f"{r['subject']} @{r['threads']}t ({r['thread_scaling']['encoder']:.2f}x)"
 
 
 def _mm(s: dict) -> str:

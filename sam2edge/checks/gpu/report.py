@@ -13,10 +13,13 @@ from sam2edge.errors import UserError
 
 
 def tflite_files(target: str | Path) -> list[Path]:
-    """A .tflite file, or every .tflite directly in a folder (sorted); else UserError."""
+    """A .tflite file, or every .tflite directly in a folder (sorted; a bundle's CPU-only decoder left out,
+    the GPU never loads it); else UserError."""
+    from sam2edge.runtime.litert_backend import DECODER_CPU_FILE
+
     target = Path(target)
     if target.is_dir():
-        files = sorted(target.glob("*.tflite"))
+        files = sorted(p for p in target.glob("*.tflite") if p.name != DECODER_CPU_FILE)
         if not files:
             raise UserError(f"{target} holds no .tflite file; pass a .tflite file or a LiteRT bundle folder")
         return files
@@ -84,11 +87,16 @@ def summarize(r: FileReport) -> dict:
 def bundle_record(reports: list[FileReport]) -> dict:
     """fidelity.json ``checks.gpu_delegate``: environment, bars, one summary per file, all_resident."""
     device = next((r.residency.device for r in reports if r.residency.device), "")
+    return record_from({Path(r.path).name: summarize(r) for r in reports}, device)
+
+
+def record_from(files: dict[str, dict], device: str) -> dict:
+    """``bundle_record`` from per-file summaries (``summarize``) and the Vulkan device name."""
     return {
         "environment": environment(device),
         "bars": BARS,
-        "files": {Path(r.path).name: summarize(r) for r in reports},
-        "all_resident": all(r.verdict == "resident" for r in reports),
+        "files": files,
+        "all_resident": all(f["verdict"] == "resident" for f in files.values()),
     }
 
 
@@ -101,19 +109,56 @@ def record_in_bundle(folder: str | Path, reports: list[FileReport], command: str
     record_fidelity(Path(folder), ("checks", "gpu_delegate"), entry, "gpu-check --record")
 
 
+GPU_CHECK_MODES = ("run", "skip")  # export --gpu-check: run the check (results cached by graph SHA-256) or not
+
+
+def skipped_record(reason: str) -> dict:
+    """``checks.gpu_delegate`` of an export whose GPU check was not run: says so, claims nothing."""
+    return {"skipped": True, "reason": reason, "environment": environment(""), "bars": BARS, "files": {}}
+
+
+# verdicts a graph's bytes decide; "failed" (a crashed GPU run) and "device-limit" (a deadline) may be the
+# machine's state of the moment, so they are checked again next time
+CACHEABLE = ("resident", "partial", "mismatch")
+
+
+def cached_summary(path: Path) -> tuple[dict, str, bool]:
+    """(summary, device, reused) of one .tflite: read back from ``checks.gpu.cache`` for a graph already
+    checked (same SHA-256, LiteRT version and bars), else checked now and remembered."""
+    from sam2edge.checks.gpu import cache
+
+    key = cache.cache_key(path, BARS)
+    hit = cache.load(key)
+    if hit is not None:
+        return hit["summary"], hit["device"], True
+    r = check_file(path)
+    summary, device = summarize(r), r.residency.device
+    if summary["verdict"] in CACHEABLE:
+        cache.store(key, summary, device)
+    return summary, device, False
+
+
 def export_check(ctx) -> dict:
     """``export.litert.POST_EXPORT_CHECKS`` entry: GPU-check every staged .tflite of a LiteRT export.
 
-    ``ctx``: the exporter's ExportContext (folder, files, allow_dirty). A file that is not ``resident``
-    refuses the export (UserError naming the file and why) unless ``ctx.allow_dirty``.
+    ``ctx``: the exporter's Job (folder, files, allow_dirty, ``state["gpu_check"]`` = "run" or "skip").
+    A file that is not ``resident`` refuses the export (UserError naming the file and why) unless
+    ``ctx.allow_dirty``. "skip" records that the check was not run. A graph checked before is reused.
     """
-    reports = [check_file(ctx.folder / f) for f in sorted(ctx.files) if f.endswith(".tflite")]
-    record = bundle_record(reports)
-    bad = next((r for r in reports if r.verdict not in ("resident", "device-limit")), None)
+    if getattr(ctx, "state", {}).get("gpu_check", "run") == "skip":
+        return skipped_record("not run: exported with --gpu-check skip")
+    files, devices, reused = {}, [], []
+    for f in sorted(ctx.files):
+        if f.endswith(".tflite") and ctx.files[f] != "decoder-cpu":  # the CPU decoder never meets a GPU
+            files[f], device, hit = cached_summary(ctx.folder / f)
+            devices.append(device)
+            reused += [f] if hit else []
+    record = record_from(files, next((d for d in devices if d), "")) | {"reused": reused}
+    bad = next(((f, s) for f, s in files.items() if s["verdict"] not in ("resident", "device-limit")), None)
     if bad is not None and not getattr(ctx, "allow_dirty", False):
-        why = bad.failures[0] if bad.failures else bad.verdict
+        name, s = bad
+        why = s["failures"][0] if s["failures"] else s["verdict"]
         raise UserError(
-            f"{Path(bad.path).name} is {bad.verdict} on LiteRT's GPU delegate ({why}); "
-            "fix the graph or pass --allow-dirty"
+            f"{name} is {s['verdict']} on LiteRT's GPU delegate ({why}); fix the graph or pass --allow-dirty"
         )
     return record

@@ -1,0 +1,267 @@
+"""Performance tooling (issue 16): profiles from the runtimes' own profilers, thread scaling, CPU extensions.
+
+No timing is asserted: the tests check that each profiler names the operator types of the graph it ran
+(every operator of a tiny graph is accounted for), that bench records carry the machine's vector
+extensions and the thread scaling, and that bad ``--threads`` values are one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sam2edge.checks.bench.bench import vector_extensions
+from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
+from sam2edge.checks.bench.records import add_scaling
+from sam2edge.cli.main import main
+from sam2edge.config import TEST_SMALL
+from sam2edge.weights import synthetic_state_dict
+
+SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
+
+
+@pytest.fixture(scope="module")
+def onnx_bundle(tmp_path_factory):
+    from sam2edge.export.onnx import export_onnx
+
+    out = tmp_path_factory.mktemp("perf") / "onnx"
+    export_onnx(synthetic_state_dict(TEST_SMALL), SOURCE, TEST_SMALL, "test-small", "fp32", out, "test", clicks=5)
+    return out
+
+
+def test_profile_command_names_op_types(onnx_bundle: Path, tmp_path: Path, capsys) -> None:
+    recs = tmp_path / "records"
+    args = ["bench", "--profile", str(onnx_bundle), "--runs", "1", "--clicks", "2", "--threads", "1"]
+    assert main([*args, "--records", str(recs)]) == 0
+    out = capsys.readouterr().out
+    [path] = recs.glob("*/profile-*.json")
+    rec = json.loads(path.read_text())
+    assert rec["kind"] == "profile" and rec["target"] == "onnx" and rec["machine"]["vector_extensions"] is not None
+    enc, dec = rec["runtime"]["encoder"], rec["runtime"]["decoder"]
+    enc_ops, dec_ops = {t["op"] for t in enc["by_type"]}, {t["op"] for t in dec["by_type"]}
+    assert {"Conv", "Softmax"} <= enc_ops and ({"Gemm", "MatMul", "FusedMatMul"} & enc_ops)
+    assert "ConvTranspose" in dec_ops and "Softmax" in dec_ops
+    assert enc["calls"] == 1 and dec["calls"] == 2  # warm-up runs left out
+    assert abs(sum(t["share"] for t in enc["by_type"]) - 1) < 1e-6 and enc["top_nodes"]
+    # eager: aten operator types and upstream's modules
+    eager = rec["eager"]
+    assert "aten::addmm" in {t["op"] for t in eager["encoder"]["by_type"]}
+    assert {"image_encoder", "image_encoder.trunk"} <= {m["module"] for m in eager["encoder"]["by_module"]}
+    assert "sam_mask_decoder.transformer" in {m["module"] for m in eager["decoder"]["by_module"]}
+    assert "onnx decoder" in out and "ConvTranspose" in out and "upstream eager encoder" in out
+
+
+def test_ort_trace_skips_warm_up_runs() -> None:
+    trace = [
+        {"name": "model_run", "ts": 0, "dur": 10},
+        {"name": "model_run", "ts": 20, "dur": 10},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 1, "dur": 5000, "args": {"op_name": "Add"}},
+        {"cat": "Node", "name": "a_kernel_time", "ts": 21, "dur": 2000, "args": {"op_name": "Add"}},
+        {"cat": "Node", "name": "a_fence_before", "ts": 21, "dur": 9000},
+    ]
+    nodes, runs = ort_node_times(trace, skip_runs=1)
+    assert runs == 1 and nodes == [NodeTime("a", "Add", 2.0)]
+    s = summarise([NodeTime("a", "Add", 2.0), NodeTime("b", "Add", 1.0), NodeTime("c", "Conv", 1.0)])
+    assert [(t["op"], t["count"]) for t in s["by_type"]] == [("Add", 2), ("Conv", 1)]
+    assert s["by_type"][0]["share"] == 0.75 and s["top_nodes"][0]["name"] == "a"
+
+
+def test_litert_per_operator_profile(tmp_path: Path) -> None:
+    """ai-edge-litert has no op profiler: every non-constant operator is timed as its own graph."""
+    import litert_torch
+
+    from sam2edge.checks.bench.profile import tflite_node_times
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.GELU(), torch.nn.Flatten(), torch.nn.Linear(288, 4))
+    path = tmp_path / "tiny.tflite"
+    litert_torch.convert(m.eval(), (torch.randn(1, 3, 8, 8),)).export(str(path))
+    nodes, whole = tflite_node_times(path, threads=1, runs=2)
+    ops = {n.op for n in nodes}
+    assert {"CONV_2D", "GELU", "FULLY_CONNECTED"} <= ops and whole > 0
+    assert all(n.ms > 0 for n in nodes)
+
+
+def test_executorch_etdump_profile(tmp_path: Path) -> None:
+    """ETDump: XNNPACK's own per-operator events inside the delegate, portable operators outside it."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from sam2edge.checks.bench.profile import _EtdumpMethod, etdump_node_times
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU()).eval()
+    x = torch.randn(4, 16)
+    lowered = to_edge_transform_and_lower(torch.export.export(m, (x,)), partitioner=[XnnpackPartitioner()])
+    (tmp_path / "m.pte").write_bytes(lowered.to_executorch().buffer)
+    method = _EtdumpMethod(tmp_path / "m.pte")
+    for _ in range(3):
+        method.execute([x])
+    nodes, runs, wrappers = etdump_node_times(method.etdump(tmp_path / "m.etdp"), skip_runs=1)
+    ops = {n.op for n in nodes}
+    assert runs == 2 and "portable:native_layer_norm" in ops  # XNNPACK leaves LayerNorm outside
+    assert any(o.startswith("xnnpack:Fully Connected") for o in ops) and "xnnpack:GELU (NC)" in ops
+    assert wrappers["Method::execute"] > 0 and wrappers["DELEGATE_CALL"] > 0
+
+
+def test_vector_extensions_and_thread_scaling() -> None:
+    x86 = "processor : 0\nflags\t\t: fpu sse avx2 fma avx512f avx512_vnni amx_tile\n"
+    assert vector_extensions(x86) == ["avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"]
+    assert vector_extensions("Features\t: fp asimd asimddp i8mm sve\n") == ["asimd", "asimddp", "sve", "i8mm"]
+    assert vector_extensions("") == []
+    recs = [
+        {"subject": "s", "threads": t, "encoder_ms": {"median": e}, "decoder_ms": {"median": d}}
+        for t, e, d in ((1, 100.0, 10.0), (2, 50.0, 8.0))
+    ] + [{"subject": "alone", "threads": 2, "encoder_ms": {"median": 1.0}, "decoder_ms": {"median": 1.0}}]
+    add_scaling(recs)
+    assert recs[1]["thread_scaling"] == {"base_threads": 1, "encoder": 2.0, "decoder": 1.25}
+    assert recs[0]["thread_scaling"]["encoder"] == 1.0 and "thread_scaling" not in recs[2]
+
+
+@pytest.mark.parametrize("bad", ["0", "1,x", ",", "0,2"])
+def test_bad_threads_exit_2(bad: str, capsys) -> None:
+    assert main(["bench", "--upstream", "--threads", bad, "--no-records"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --threads") and len(err.strip().splitlines()) == 1
+
+
+def test_gpu_check_skip_and_reuse_by_sha256(tmp_path: Path, monkeypatch) -> None:
+    """--gpu-check skip records that the check was not run; an unchanged graph is checked once."""
+    from types import SimpleNamespace
+
+    from sam2edge.cards.measured import gpu_delegate
+    from sam2edge.checks.gpu import report
+
+    graph = tmp_path / "b" / "encoder.tflite"
+    graph.parent.mkdir()
+    graph.write_bytes(b"\0\0\0\0TFL3 graph one")
+    ctx = SimpleNamespace(folder=graph.parent, files={"encoder.tflite": "encoder"}, allow_dirty=False, state={})
+    skipped = report.export_check(SimpleNamespace(**{**vars(ctx), "state": {"gpu_check": "skip"}}))
+    assert skipped["skipped"] and skipped["files"] == {} and "--gpu-check skip" in skipped["reason"]
+    assert "not run" in "\n".join(gpu_delegate({"checks": {"gpu_delegate": skipped}}))
+
+    checked = []
+    monkeypatch.setattr(
+        report,
+        "check_file",
+        lambda p: checked.append(p.read_bytes()) or SimpleNamespace(residency=SimpleNamespace(device="SwiftShader")),
+    )
+    monkeypatch.setattr(report, "summarize", lambda r: {"verdict": "resident", "failures": []})
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", str(tmp_path / "cache"))
+    first, second = report.export_check(ctx), report.export_check(ctx)
+    assert len(checked) == 1 and first["reused"] == [] and second["reused"] == ["encoder.tflite"]
+    assert first["files"] == second["files"] and second["environment"]["vulkan_device"] == "SwiftShader"
+    graph.write_bytes(b"\0\0\0\0TFL3 graph two")  # another graph: checked again
+    assert report.export_check(ctx)["reused"] == [] and len(checked) == 2
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", "off")
+    report.export_check(ctx)
+    assert len(checked) == 3
+    monkeypatch.setenv("SAM2EDGE_GPU_CHECK_CACHE", str(tmp_path / "cache2"))  # a crashed run is not remembered
+    monkeypatch.setattr(report, "summarize", lambda r: {"verdict": "failed", "failures": ["GPU run crashed"]})
+    ctx.allow_dirty = True
+    report.export_check(ctx)
+    report.export_check(ctx)
+    assert len(checked) == 5
+
+
+def test_export_cli_passes_gpu_check_skip(tmp_path: Path, monkeypatch) -> None:
+    from sam2edge.errors import UserError
+    from sam2edge.export import pipeline
+
+    seen = {}
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        raise UserError("stopped by the test")
+
+    monkeypatch.setattr(pipeline, "run_export", fake)
+    args = ["export", "--target", "litert", "--config", "test-small", "--out", str(tmp_path / "b")]
+    assert main([*args, "--gpu-check", "skip"]) == 2
+    assert seen["options"] == {"gpu_check": "skip"} and "--gpu-check skip" in seen["command"]
+    assert main(args) == 2 and seen["options"] is None
+
+
+def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
+    """ONNX int8 (dynamic int8 MatMuls in the encoder, decoder fp32): worst mask IoU >= 0.95 and median
+    >= 0.99 over 40 clicks on real photos against eager fp32 with upstream's operations."""
+    import onnx
+
+    from sam2edge.export.onnx import export_onnx
+
+    out = tmp_path / "int8"
+    card = export_onnx(synthetic_state_dict(TEST_SMALL), SOURCE, TEST_SMALL, "test-small", "int8", out, "test")
+    e2e = card["fidelity"]["end_to_end"]
+    assert card["status"] == "shippable" and card["precision"] == "int8" and e2e["clicks"] >= 40
+    assert e2e["iou_worst"] >= 0.95 and e2e["iou_median"] >= 0.99
+    enc = [n.op_type for n in onnx.load(str(out / "encoder.onnx")).graph.node]
+    dec = [n.op_type for n in onnx.load(str(out / "decoder.onnx")).graph.node]
+    assert enc.count("MatMulInteger") >= 12 and "DynamicQuantizeLinear" in enc and "MatMulInteger" not in dec
+    assert card["extra"]["rewrites"]["transposed_conv"] == "native"
+    assert {"convert encoder.onnx", "check optimization", "fidelity"} <= set(card["extra"]["stage_seconds"])
+
+
+def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
+    """LiteRT int8 (litert-torch dynamic-range recipe on the encoder; decoders fp32): the int8 bar (worst
+    mask IoU >= 0.95, median >= 0.99 over 40 clicks); GPU check skipped (the card says so)."""
+    from sam2edge.export.pipeline import run_export
+
+    out = tmp_path / "int8"
+    card = run_export(
+        "litert",
+        "test-small",
+        "int8",
+        out,
+        weights=(synthetic_state_dict(TEST_SMALL), SOURCE),
+        options={"gpu_check": "skip"},
+    )
+    fid = card["fidelity"]
+    e2e = fid["end_to_end"]
+    assert card["status"] == "shippable" and e2e["clicks"] >= 40
+    assert e2e["iou_worst"] >= 0.95 and e2e["iou_median"] >= 0.99
+    lint = card["extra"]["lint"]
+    assert "INT8" in lint["encoder.tflite"]["weight_dtypes"] and "INT8" not in lint["decoder.tflite"]["weight_dtypes"]
+    assert fid["checks"]["gpu_delegate"]["skipped"] and not fid["checks"]["gpu_decoder_fidelity"]["failures"]
+
+
+def test_export_records_stage_seconds(tmp_path: Path) -> None:
+    from sam2edge.progress import Stages
+
+    st = Stages("t", 3)
+    st.next("a")
+    st.next("b")
+    st.next("a")
+    st.finish_stage()
+    st.close()
+    assert set(st.seconds) == {"a", "b"} and all(v >= 0 for v in st.seconds.values())
+
+
+def test_executorch_fp16_gelu_stays_in_the_delegate() -> None:
+    """fp16 GELU -> erf-free exact form (erf to 1.5e-7): one XNNPACK delegate instead of GELUs splitting it
+    on the portable kernel; the form matches the exact GELU (fp64) and the fp16 program fp32 eager."""
+    import math
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.runtime import Runtime
+
+    from sam2edge.export.executorch_lower import ERF_A, ERF_P, lower
+
+    x = torch.linspace(-12, 12, 100001, dtype=torch.float64)
+    z = x.abs() / math.sqrt(2)
+    t = 1 / (1 + ERF_P * z)
+    erf = 1 - sum(a * t ** (i + 1) for i, a in enumerate(ERF_A)) * torch.exp(-z * z)
+    assert (0.5 * x + 0.5 * x.abs() * erf - torch.nn.functional.gelu(x)).abs().max() < 5e-7
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.GELU())
+    m = m.eval().half()
+    xin = (torch.randn(64, 16, generator=torch.Generator().manual_seed(0)) * 3).half()
+    before = lower(m, (xin,), [XnnpackPartitioner()], legalize=False)[1].as_dict()
+    prog, census = lower(m, (xin,), [XnnpackPartitioner()], legalize=True)
+    after = census.as_dict()
+    assert before["outside_delegate"].get("gelu") == 2 and before["delegates"] >= 2
+    assert after["delegates"] == 1 and "gelu" not in after["outside_delegate"]
+    assert set(after["outside_delegate"]) <= {"dim_order_ops"}  # fp32 scalar constants cast to fp16
+    out = Runtime.get().load_program(prog.buffer).load_method("forward").execute([xin])[0].float()
+    with torch.no_grad():
+        ref = m.float()(xin.float())
+    assert (out - ref).abs().max() <= 2e-3 * ref.abs().max()  # fp16 rounding, not an approximation
