@@ -11,6 +11,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never download
+# transformers decides once, at import, whether torchvision exists; decide it before any test registers the
+# torchvision stand-in of the upstream oracles (its __spec__ None would make that check raise)
+import transformers.utils.import_utils  # noqa: E402,F401
+
 os.environ.setdefault("SAM2EDGE_GPU_CHECK_CACHE", "off")  # every test runs its GPU check (test_perf turns it on)
 
 from oracles import hf_sam2_model, meta_sam2base  # noqa: E402

@@ -166,8 +166,6 @@ class OnnxBackend:
                 f"{folder}/card.json says resolution {cfg.image_size}, but {paths[0].name} takes {side}x{side} "
                 "images; re-run `sam2edge export --target onnx`"
             )
-        return backend
-
         batched = folder / BATCHED_DECODER_FILE
         return backend.attach_batched(batched) if batched.is_file() else backend
 
