@@ -43,6 +43,17 @@ def sine_1d(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([x.sin(), x.cos()], dim=-1)
 
 
+def repeat_cols(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(R, 1) -> (R, n), every column a copy, as an outer product with ones: exact, and converters keep it a
+    matmul (``expand`` and ``x * ones`` become BROADCAST_TO, which GPU delegates reject)."""
+    return x @ x.new_ones(1, n)
+
+
+def repeat_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(1, N) -> (n, N), every row a copy (see ``repeat_cols``)."""
+    return x.new_ones(n, 1) @ x
+
+
 class Sam2VideoModel(Sam2ImageModel):
     def __init__(self, cfg: Sam2Config, vcfg: Sam2VideoConfig, rw: Rewrites) -> None:
         super().__init__(cfg, rw)
@@ -87,9 +98,8 @@ class Sam2VideoModel(Sam2ImageModel):
         n = C // M  # tokens per pointer
         ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
         ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C))  # (P, M)
-        ptr_pe = (ptr_pe.reshape(P, 1, M) * ptr_pe.new_ones(1, n, 1)).reshape(
-            1, P * n, M
-        )  # (1, P*n, M), no BROADCAST_TO
+        ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
+        ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
         memory = torch.cat([spatial.reshape(1, K * e * e, M), ptr_tokens], dim=1)
         memory_pos = torch.cat([spatial_pos.reshape(1, K * e * e, M), ptr_pe], dim=1)
         return memory, memory_pos
@@ -109,8 +119,8 @@ class Sam2VideoModel(Sam2ImageModel):
         K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
         n = C // self.vcfg.mem_dim
         memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
-        mem_bias = (mem_valid.reshape(1, K, 1) * mem_valid.new_ones(1, 1, HW)).reshape(1, K * HW)  # (1, K*HW)
-        ptr_bias = (ptr_valid.reshape(1, P, 1) * ptr_valid.new_ones(1, 1, n)).reshape(1, P * n)  # (1, P*n)
+        mem_bias = repeat_cols(mem_valid.reshape(K, 1), HW).reshape(1, K * HW)  # (1, K*HW)
+        ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
         curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
         out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias)  # (1, HW, C)
