@@ -43,11 +43,14 @@ def video_bundle(request, tmp_path_factory, video_checkpoint):
 
 
 def _track(pred: Sam2VideoPredictor, folder) -> dict[tuple[str, int], np.ndarray]:
-    """Two objects (click, box) on frame 0, forward; a correction on frame 2, forward; reverse from the end."""
+    """Objects: a click, a box (frame 0), a mask (frame 1); forward; a correction on frame 2, forward; reverse."""
     state = pred.init_state(video_path=str(folder))
     n, h, w = state.num_frames, state.video_height, state.video_width
     pred.add_new_points_or_box(state, 0, 1, points=np.array([[0.6 * w, 0.3 * h]]), labels=np.array([1]))
     pred.add_new_points_or_box(state, 0, 7, box=np.array([0.05 * w, 0.5 * h, 0.45 * w, 0.9 * h]))
+    mask = np.zeros((h, w), bool)
+    mask[int(0.1 * h) : int(0.45 * h), int(0.55 * w) : int(0.9 * w)] = True
+    pred.add_new_mask(state, 1, 3, mask)  # mask prompt: the host downsampler + mask-as-output
     out = {("fwd", f): m.numpy() for f, _, m in pred.propagate_in_video(state)}
     pred.add_new_points_or_box(
         state, 2, 1, points=np.array([[0.2 * w, 0.2 * h]]), labels=np.array([0]), clear_old_points=False

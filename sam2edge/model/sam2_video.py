@@ -39,8 +39,8 @@ def sine_1d(pos: torch.Tensor, dim: int) -> torch.Tensor:
     half = dim // 2
     i = torch.arange(half, dtype=torch.float32, device=pos.device)
     dim_t = 10000 ** (2 * torch.div(i, 2, rounding_mode="floor") / half)  # (dim/2,)
-    x = pos.unsqueeze(-1) / dim_t
-    return torch.cat([x.sin(), x.cos()], dim=-1)
+    x = pos.float().unsqueeze(-1) / dim_t  # fp32 even in an fp16 graph (frequencies up to 10000)
+    return torch.cat([x.sin(), x.cos()], dim=-1).to(pos.dtype)
 
 
 def repeat_cols(x: torch.Tensor, n: int) -> torch.Tensor:
