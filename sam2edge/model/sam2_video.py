@@ -121,6 +121,7 @@ class Sam2VideoModel(Sam2ImageModel):
         ptrs: torch.Tensor,
         ptr_pos: torch.Tensor,
         ptr_valid: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e)."""
         _, C, e, _ = vision.shape
@@ -131,7 +132,7 @@ class Sam2VideoModel(Sam2ImageModel):
         ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
         curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
-        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias)  # (1, HW, C)
+        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (1, HW, C)
         return out.transpose(1, 2).reshape(1, C, e, e)
 
     def decode_video(

@@ -40,7 +40,7 @@ from sam2edge.runtime.video_backend import FrameFeatures, MemoryInputs, VideoDec
 VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-attention": (
         "memory_attention",
-        ("vision", "mem_feats", "mem_tpos", "mem_valid", "ptrs", "ptr_pos", "ptr_valid"),
+        ("vision", "mem_feats", "mem_tpos", "mem_valid", "ptrs", "ptr_pos", "ptr_valid", "rope_cos", "rope_sin"),
         ("pix_feat",),
     ),
     "memory-encoder": ("memory_encoder", ("vision", "low_res", "binarize", "score"), ("memory",)),
@@ -52,6 +52,7 @@ VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 EXTENSIONS = {"litert": ".tflite", "onnx": ".onnx", "executorch": ".pte"}
 CONST_FILE = "video_const.bin"
+ROPE_FILE = "rope_tables.bin"  # float32 LE: RoPE cos [HW, C] | sin [HW, C], memory_attention's last two inputs
 DEFAULT_VIDEO_TOKENS = 8  # prompt-token slots of video_decoder: box corners + points + 1 pad
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -77,6 +78,15 @@ def read_const(folder: Path, c: int) -> dict[str, np.ndarray]:
     if arr.size != total:
         raise UserError(f"{path} holds {arr.size} floats, expected {total}; re-export the bundle with --video")
     return {k: arr[o : o + n].astype(np.float32) for k, (o, n) in layout.items()}
+
+
+def read_rope(folder: Path, hw: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    path = Path(folder) / ROPE_FILE
+    arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
+    if arr.size != 2 * hw * c:
+        raise UserError(f"{path} holds {arr.size} floats, expected {2 * hw * c}; re-export the bundle with --video")
+    cos, sin = arr.astype(np.float32).reshape(2, hw, c)
+    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
 
 
 def _litert_runner(path: Path, role: str, threads: int | None) -> Runner:
@@ -133,6 +143,7 @@ class BundleVideoBackend:
         self.const = read_const(folder, cfg.d_model)
         self.no_obj_ptr = self.const["no_obj_ptr"].reshape(1, -1)
         self._no_mem = self.const["no_mem_embed"].reshape(1, -1, 1, 1)
+        self.rope = read_rope(folder, cfg.image_embedding_size**2, cfg.d_model)
 
     def encode_frame(self, image: np.ndarray) -> FrameFeatures:
         f = self.image.encode(_f32(image))
@@ -142,7 +153,7 @@ class BundleVideoBackend:
         return vision + self._no_mem
 
     def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
-        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid)
+        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid, *self.rope)
         feed = dict(zip(VIDEO_GRAPHS["memory-attention"][1], (_f32(a) for a in args)))
         return self.run["memory-attention"](feed)["pix_feat"]
 

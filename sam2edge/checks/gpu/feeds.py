@@ -76,6 +76,11 @@ def _video_input(name: str, shape: list[int], run: int, rng) -> np.ndarray:
         return (np.arange(n) % 7).astype(np.float32).reshape(shape)
     if name == "ptr_pos":
         return np.linspace(-1, 1, n, dtype=np.float32).reshape(shape)
+    if name in ("rope_cos", "rope_sin"):  # the memory attention's RoPE tables, as the host feeds them
+        from sam2edge.model.memory_attention import rope_tables
+
+        cos, sin = rope_tables(shape[1], int(round(shape[0] ** 0.5)), 1, 10000.0)  # SAM 2.1: 1 head, theta 1e4
+        return (cos if name == "rope_cos" else sin).numpy().astype(np.float32)
     scale = 4.0 if name in ("low_res", "mask_input") else 1.0  # mask logits
     return (scale * rng.standard_normal(shape)).astype(np.float32)
 
