@@ -9,8 +9,8 @@ target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp1
   video-decoder     the mask decoder with host-encoded prompt tokens + mask input, returning all four
                     mask tokens, their IoU, the object score and the object pointers tracking needs
 
-plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler) and the prompt
-tables. The frame encoder is the bundle's image encoder. Fidelity: ``checks.fidelity.video`` runs a clip
+plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
+(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's image encoder. Fidelity: ``checks.fidelity.video`` runs a clip
 through the staged bundle and through eager fp32 (upstream's operations), per frame.
 """
 

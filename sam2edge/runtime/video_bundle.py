@@ -6,8 +6,9 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
 
   memory_attention  vision [1,C,e,e] (raw FPN level, no no_mem_embed), mem_feats [K,M,e,e] (slot-major,
                     empty slots zeros), mem_tpos [1,K] (index into the temporal encodings), mem_valid [1,K],
-                    ptrs [P,C], ptr_pos [1,P] (signed distance / t_max), ptr_valid [1,P] (1 filled, 0 empty)
-                    -> pix_feat [1,C,e,e]
+                    ptrs [P,C], ptr_pos [1,P] (signed distance / t_max), ptr_valid [1,P] (1 filled, 0 empty),
+                    rope_cos, rope_sin [HW,C] (``rope_tables.bin``; inputs, not constants: LiteRT's GPU
+                    delegate computes RoPE wrongly from constant tables) -> pix_feat [1,C,e,e]
   memory_encoder    vision [1,C,e,e], low_res [1,1,4e,4e] mask logits, binarize [1,1] (1: point prompt),
                     score [1,1] object-score logit -> memory [1,M,e,e]
   video_decoder     pix_feat [1,C,e,e], feat_s0, feat_s1, sparse_prompt [1,T,C] (host-encoded tokens),
@@ -15,6 +16,7 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
                     -> masks [1,4,4e,4e] (every mask token), iou_scores [1,4], object_score [1,1],
                        obj_ptrs [1,4,C] (no-object pointer mixed in where object_score <= 0)
   video_const.bin   float32 LE: no_mem_embed [C] | no_obj_ptr [C] | mask_downsample weight [4x4] | bias [1]
+  rope_tables.bin   float32 LE: RoPE cos [HW,C] | sin [HW,C] (axial, row-major grid; memory_attention's inputs)
   + the prompt tables of ``runtime.litert_backend.TABLE_FILES`` (every target: the tokens are host-encoded)
 
 The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
