@@ -10,8 +10,9 @@ target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp1
                     mask tokens, their IoU, the object score and the object pointers tracking needs
 
 plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
-(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's image encoder. Fidelity: ``checks.fidelity.video`` runs a clip
-through the staged bundle and through eager fp32 (upstream's operations), per frame.
+(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's
+image encoder. Fidelity: ``checks.fidelity.video`` runs a clip through the staged bundle and through eager
+fp32 (upstream's operations), per frame.
 """
 
 from __future__ import annotations
