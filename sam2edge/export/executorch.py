@@ -115,7 +115,9 @@ OUTSIDE_WHY = {
     "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
     "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
     "div": "sine-encoding positions / frequencies (not constant-folded), one small portable op",
-    "mm": "one-hot (K, T) @ temporal encodings (T, M): its left operand comes from the portable one-hot",
+    "mm": "small matmuls the partitioner leaves out: outer products with ones (slot masks and pointer encodings "
+    "repeated, contraction 1) and one-hot (K, T) @ temporal encodings (T, M)",
+    "full": "the ones of those outer products, a portable fill",
     "expand_copy": "broadcast of a (1, 1, C) token or bias to its batch, a portable copy",
     "full_like": "constant tensor for the no-mask / ignored-slot branch, a portable fill",
     "alias_copy": "view between delegate partitions (no arithmetic)",

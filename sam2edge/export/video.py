@@ -9,9 +9,10 @@ target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp1
   video-decoder     the mask decoder with host-encoded prompt tokens + mask input, returning all four
                     mask tokens, their IoU, the object score and the object pointers tracking needs
 
-plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler) and the prompt
-tables. The frame encoder is the bundle's image encoder. Fidelity: ``checks.fidelity.video`` runs a clip
-through the staged bundle and through eager fp32 (upstream's operations), per frame.
+plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
+(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's
+image encoder. Fidelity: ``checks.fidelity.video`` runs a clip through the staged bundle and through eager
+fp32 (upstream's operations), per frame.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM
+from sam2edge.model.memory_attention import rope_tables
 from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
 from sam2edge.runtime.litert_backend import TABLE_FILES, write_tables
 from sam2edge.runtime.prompts import prompt_tables
@@ -34,6 +36,7 @@ from sam2edge.runtime.video_backend import EagerVideoBackend
 from sam2edge.runtime.video_bundle import (
     CONST_FILE,
     DEFAULT_VIDEO_TOKENS,
+    ROPE_FILE,
     VIDEO_GRAPHS,
     BundleVideoBackend,
     const_layout,
@@ -53,8 +56,9 @@ class MemoryAttentionGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid):
-        return self.model.memory_attention_step(vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid)
+    def forward(self, vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid, rope_cos, rope_sin):
+        rope = (rope_cos, rope_sin)  # (HW, C) inputs, not constants (see MemoryAttention.forward)
+        return self.model.memory_attention_step(vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid, rope)
 
 
 class MemoryEncoderGraph(nn.Module):
@@ -109,6 +113,7 @@ def samples(cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int) -> dict[str, di
         return torch.randn(*shape, generator=g)
 
     half = (torch.arange(k) < (k + 1) // 2).float().reshape(1, k)
+    rope = rope_tables(c, e, vcfg.attn_heads, vcfg.rope_theta)  # (HW, C) each
     return {
         "memory-attention": {
             "vision": r(1, c, e, e),
@@ -118,6 +123,8 @@ def samples(cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int) -> dict[str, di
             "ptrs": r(p, c),
             "ptr_pos": torch.linspace(-1, 1, p).reshape(1, p),
             "ptr_valid": (torch.arange(p) < p // 2).float().reshape(1, p),
+            "rope_cos": rope[0].clone(),
+            "rope_sin": rope[1].clone(),
         },
         "memory-encoder": {
             "vision": r(1, c, e, e),
@@ -190,7 +197,11 @@ def write_video_tables(job) -> dict[str, str]:
     assert list(parts) == list(const_layout(job.cfg.d_model))
     flat = np.concatenate([t.detach().float().numpy().ravel() for t in parts.values()]).astype("<f4")
     flat.tofile(job.folder / CONST_FILE)
-    files = {CONST_FILE: "video-table"}
+    ma = model.memory_attention
+    np.concatenate([ma.rope_cos.numpy().ravel(), ma.rope_sin.numpy().ravel()]).astype("<f4").tofile(
+        job.folder / ROPE_FILE
+    )
+    files = {CONST_FILE: "video-table", ROPE_FILE: "video-table"}
     if not all(name in job.files for name in TABLE_FILES):
         files.update(write_tables(prompt_tables(model), job.folder))
     return files

@@ -51,6 +51,11 @@ UPSTREAM = Rewrites(
 )
 
 
+def texture_rows(num_heads: int, d: int, nk: int) -> int:
+    """Texture rows one batch item's attention matmuls need (see ``attention_chunk``): heads x ceil(max(d, Nk)/4)."""
+    return num_heads * math.ceil(max(d, nk) / 4)
+
+
 def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: int) -> int:
     """Largest batch slice whose attention matmuls fit GPU textures of side ``texture_limit``.
 
@@ -63,7 +68,7 @@ def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: 
     """
     if not texture_limit:
         return batch
-    rows_per_item = num_heads * math.ceil(max(d, nk) / 4)  # texture rows one batch item needs
+    rows_per_item = texture_rows(num_heads, d, nk)
     if batch * rows_per_item <= texture_limit:
         return batch
     pieces = math.ceil(batch / max(1, texture_limit // rows_per_item))  # fewest slices that fit

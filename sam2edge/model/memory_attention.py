@@ -124,12 +124,15 @@ class MemoryAttention(nn.Module):
         memory_pos: torch.Tensor,
         slots: int,
         key_bias: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """curr, curr_pos (B, HW, C); memory, memory_pos (B, slots*HW + R, mem_dim); key_bias (B, Nk).
 
+        ``rope``: (cos, sin) tables (HW, C) given as inputs instead of the baked buffers (LiteRT's GPU delegate
+        computes RoPE wrongly from constant tables: GPU-vs-CPU cosine 0.988, exact from input tables).
         Returns the memory-conditioned tokens (B, HW, C).
         """
         out = curr + 0.1 * curr_pos
         for layer in self.layers:
-            out = layer(out, memory, memory_pos, (self.rope_cos, self.rope_sin), slots, key_bias)
+            out = layer(out, memory, memory_pos, rope or (self.rope_cos, self.rope_sin), slots, key_bias)
         return self.norm(out)

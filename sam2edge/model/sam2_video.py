@@ -34,13 +34,31 @@ from sam2edge.model.sam2 import Sam2ImageModel
 KEY_REMOVED = -1e4  # additive logit bias of an empty memory slot (exp underflows to exactly 0)
 
 
-def sine_1d(pos: torch.Tensor, dim: int) -> torch.Tensor:
-    """Upstream ``get_1d_sine_pe``: positions (..., N) -> (..., N, dim) = [sin, cos](pos / 10000^(2i/dim))."""
+def sine_freqs(dim: int) -> torch.Tensor:
+    """Upstream ``get_1d_sine_pe``'s divisors 10000^(2 floor(i/2) / (dim/2)), (dim/2,) fp32, computed as upstream."""
     half = dim // 2
-    i = torch.arange(half, dtype=torch.float32, device=pos.device)
-    dim_t = 10000 ** (2 * torch.div(i, 2, rounding_mode="floor") / half)  # (dim/2,)
-    x = pos.unsqueeze(-1) / dim_t
-    return torch.cat([x.sin(), x.cos()], dim=-1)
+    i = torch.arange(half, dtype=torch.float32)
+    return 10000 ** (2 * torch.div(i, 2, rounding_mode="floor") / half)
+
+
+def sine_1d(pos: torch.Tensor, dim: int, dim_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Upstream ``get_1d_sine_pe``: positions (..., N) -> (..., N, dim) = [sin, cos](pos / 10000^(2i/dim)).
+
+    ``dim_t``: ``sine_freqs(dim)`` baked as a buffer (a graph then holds a constant, not arange / floor_div)."""
+    dim_t = sine_freqs(dim).to(pos.device) if dim_t is None else dim_t.float()
+    x = pos.float().unsqueeze(-1) / dim_t  # fp32 even in an fp16 graph (frequencies up to 10000)
+    return torch.cat([x.sin(), x.cos()], dim=-1).to(pos.dtype)
+
+
+def repeat_cols(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(R, 1) -> (R, n), every column a copy, as an outer product with ones: exact, and converters keep it a
+    matmul (``expand`` and ``x * ones`` become BROADCAST_TO, which GPU delegates reject)."""
+    return x @ x.new_ones(1, n)
+
+
+def repeat_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(1, N) -> (n, N), every row a copy (see ``repeat_cols``)."""
+    return x.new_ones(n, 1) @ x
 
 
 class Sam2VideoModel(Sam2ImageModel):
@@ -61,6 +79,8 @@ class Sam2VideoModel(Sam2ImageModel):
         curr_pos = sine_position_encoding(d, e, e).reshape(1, d, e * e).transpose(1, 2)  # (1, HW, C)
         mem_pos = sine_position_encoding(m, e, e).reshape(1, m, e * e).transpose(1, 2)  # (1, HW, M)
         self.register_buffer("curr_pos", curr_pos.contiguous(), persistent=False)
+        self.register_buffer("ptr_freqs", sine_freqs(d), persistent=False)  # (C/2,) pointer temporal encoding
+        self.register_buffer("tpos_index", torch.arange(vcfg.num_maskmem).float(), persistent=False)  # (T,)
         self.register_buffer("mem_pos", mem_pos.contiguous(), persistent=False)
 
     def encode_frame(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,17 +99,15 @@ class Sam2VideoModel(Sam2ImageModel):
         P, C = ptrs.shape
         T = self.vcfg.num_maskmem
         spatial = mem_feats.reshape(K, M, e * e).transpose(1, 2)  # (K, HW, M)
-        onehot = (mem_tpos.reshape(K, 1) == torch.arange(T, dtype=mem_tpos.dtype, device=mem_tpos.device)).to(
-            spatial.dtype
-        )  # (K, T)
+        idx = self.tpos_index.to(mem_tpos.dtype).reshape(1, T)
+        onehot = torch.relu(1.0 - (mem_tpos.reshape(K, 1) - idx).abs())  # (K, T): exact for integer t_pos
         tpos = onehot @ self.maskmem_tpos_enc.reshape(T, M)  # (K, M)
         spatial_pos = self.mem_pos + tpos.reshape(K, 1, M)  # (K, HW, M)
         n = C // M  # tokens per pointer
         ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
-        ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C))  # (P, M)
-        ptr_pe = (ptr_pe.reshape(P, 1, M) * ptr_pe.new_ones(1, n, 1)).reshape(
-            1, P * n, M
-        )  # (1, P*n, M), no BROADCAST_TO
+        ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C, self.ptr_freqs))  # (P, M)
+        ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
+        ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
         memory = torch.cat([spatial.reshape(1, K * e * e, M), ptr_tokens], dim=1)
         memory_pos = torch.cat([spatial_pos.reshape(1, K * e * e, M), ptr_pe], dim=1)
         return memory, memory_pos
@@ -103,17 +121,18 @@ class Sam2VideoModel(Sam2ImageModel):
         ptrs: torch.Tensor,
         ptr_pos: torch.Tensor,
         ptr_valid: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e)."""
         _, C, e, _ = vision.shape
         K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
         n = C // self.vcfg.mem_dim
         memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
-        mem_bias = (mem_valid.reshape(1, K, 1) * mem_valid.new_ones(1, 1, HW)).reshape(1, K * HW)  # (1, K*HW)
-        ptr_bias = (ptr_valid.reshape(1, P, 1) * ptr_valid.new_ones(1, 1, n)).reshape(1, P * n)  # (1, P*n)
+        mem_bias = repeat_cols(mem_valid.reshape(K, 1), HW).reshape(1, K * HW)  # (1, K*HW)
+        ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
         curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
-        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias)  # (1, HW, C)
+        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (1, HW, C)
         return out.transpose(1, 2).reshape(1, C, e, e)
 
     def decode_video(

@@ -6,8 +6,9 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
 
   memory_attention  vision [1,C,e,e] (raw FPN level, no no_mem_embed), mem_feats [K,M,e,e] (slot-major,
                     empty slots zeros), mem_tpos [1,K] (index into the temporal encodings), mem_valid [1,K],
-                    ptrs [P,C], ptr_pos [1,P] (signed distance / t_max), ptr_valid [1,P] (1 filled, 0 empty)
-                    -> pix_feat [1,C,e,e]
+                    ptrs [P,C], ptr_pos [1,P] (signed distance / t_max), ptr_valid [1,P] (1 filled, 0 empty),
+                    rope_cos, rope_sin [HW,C] (``rope_tables.bin``; inputs, not constants: LiteRT's GPU
+                    delegate computes RoPE wrongly from constant tables) -> pix_feat [1,C,e,e]
   memory_encoder    vision [1,C,e,e], low_res [1,1,4e,4e] mask logits, binarize [1,1] (1: point prompt),
                     score [1,1] object-score logit -> memory [1,M,e,e]
   video_decoder     pix_feat [1,C,e,e], feat_s0, feat_s1, sparse_prompt [1,T,C] (host-encoded tokens),
@@ -15,6 +16,7 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
                     -> masks [1,4,4e,4e] (every mask token), iou_scores [1,4], object_score [1,1],
                        obj_ptrs [1,4,C] (no-object pointer mixed in where object_score <= 0)
   video_const.bin   float32 LE: no_mem_embed [C] | no_obj_ptr [C] | mask_downsample weight [4x4] | bias [1]
+  rope_tables.bin   float32 LE: RoPE cos [HW,C] | sin [HW,C] (axial, row-major grid; memory_attention's inputs)
   + the prompt tables of ``runtime.litert_backend.TABLE_FILES`` (every target: the tokens are host-encoded)
 
 The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
@@ -40,7 +42,7 @@ from sam2edge.runtime.video_backend import FrameFeatures, MemoryInputs, VideoDec
 VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "memory-attention": (
         "memory_attention",
-        ("vision", "mem_feats", "mem_tpos", "mem_valid", "ptrs", "ptr_pos", "ptr_valid"),
+        ("vision", "mem_feats", "mem_tpos", "mem_valid", "ptrs", "ptr_pos", "ptr_valid", "rope_cos", "rope_sin"),
         ("pix_feat",),
     ),
     "memory-encoder": ("memory_encoder", ("vision", "low_res", "binarize", "score"), ("memory",)),
@@ -52,6 +54,7 @@ VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 EXTENSIONS = {"litert": ".tflite", "onnx": ".onnx", "executorch": ".pte"}
 CONST_FILE = "video_const.bin"
+ROPE_FILE = "rope_tables.bin"  # float32 LE: RoPE cos [HW, C] | sin [HW, C], memory_attention's last two inputs
 DEFAULT_VIDEO_TOKENS = 8  # prompt-token slots of video_decoder: box corners + points + 1 pad
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -77,6 +80,15 @@ def read_const(folder: Path, c: int) -> dict[str, np.ndarray]:
     if arr.size != total:
         raise UserError(f"{path} holds {arr.size} floats, expected {total}; re-export the bundle with --video")
     return {k: arr[o : o + n].astype(np.float32) for k, (o, n) in layout.items()}
+
+
+def read_rope(folder: Path, hw: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    path = Path(folder) / ROPE_FILE
+    arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
+    if arr.size != 2 * hw * c:
+        raise UserError(f"{path} holds {arr.size} floats, expected {2 * hw * c}; re-export the bundle with --video")
+    cos, sin = arr.astype(np.float32).reshape(2, hw, c)
+    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
 
 
 def _litert_runner(path: Path, role: str, threads: int | None) -> Runner:
@@ -133,6 +145,7 @@ class BundleVideoBackend:
         self.const = read_const(folder, cfg.d_model)
         self.no_obj_ptr = self.const["no_obj_ptr"].reshape(1, -1)
         self._no_mem = self.const["no_mem_embed"].reshape(1, -1, 1, 1)
+        self.rope = read_rope(folder, cfg.image_embedding_size**2, cfg.d_model)
 
     def encode_frame(self, image: np.ndarray) -> FrameFeatures:
         f = self.image.encode(_f32(image))
@@ -142,7 +155,7 @@ class BundleVideoBackend:
         return vision + self._no_mem
 
     def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
-        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid)
+        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid, *self.rope)
         feed = dict(zip(VIDEO_GRAPHS["memory-attention"][1], (_f32(a) for a in args)))
         return self.run["memory-attention"](feed)["pix_feat"]
 

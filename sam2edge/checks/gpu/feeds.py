@@ -5,6 +5,10 @@ Kinds (``KINDS``, first match wins; the names are the LiteRT bundle contract of 
            sparse_prompt [1,K,C], sparse_valid [1,K], dense_prompt [1,C,e,e]: one feed per click of
            ``fidelity.click_set`` on real photos; features of the photo, host-encoded prompt tokens.
   encoder  one input image [1,3,S,S]: a real photo, resized to S and ImageNet-normalised.
+  video    the video graphs of ``export --video`` (an input named like a slot / flag of
+           ``runtime.video_bundle.VIDEO_GRAPHS``): seeded standard-normal features, but validity masks,
+           flags and slot indices as the host feeds them (0 / 1, integer slot positions, t / t_max in
+           [-1, 1]); two runs: half the slots filled (flags 1) and every slot filled (flags 0).
   generic  anything else: one feed of seeded standard-normal float32 per input.
 
 Decoder context (features and prompt tables), from the file's own folder when it is a LiteRT bundle
@@ -55,6 +59,40 @@ def generic_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int
     rng = np.random.default_rng(0)
     arrays = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs.items()}
     return Feeds(arrays, [{n: n for n in inputs}], source="seeded standard normal")
+
+
+VIDEO_FLAGS = ("mem_valid", "ptr_valid", "sparse_valid", "binarize", "has_mask")
+
+
+def _video_input(name: str, shape: list[int], run: int, rng) -> np.ndarray:
+    """One input of a video graph in run 0 (half the slots filled, flags 1) or run 1 (all filled, flags 0)."""
+    n = int(np.prod(shape[1:])) if shape else 1
+    if name in ("mem_valid", "ptr_valid", "sparse_valid"):
+        filled = n if run else max(1, n // 2)
+        return (np.arange(n) < filled).astype(np.float32).reshape(shape)
+    if name in ("binarize", "has_mask"):
+        return np.full(shape, 0.0 if run else 1.0, np.float32)
+    if name == "mem_tpos":
+        return (np.arange(n) % 7).astype(np.float32).reshape(shape)
+    if name == "ptr_pos":
+        return np.linspace(-1, 1, n, dtype=np.float32).reshape(shape)
+    if name in ("rope_cos", "rope_sin"):  # the memory attention's RoPE tables, as the host feeds them
+        from sam2edge.model.memory_attention import rope_tables
+
+        cos, sin = rope_tables(shape[1], int(round(shape[0] ** 0.5)), 1, 10000.0)  # SAM 2.1: 1 head, theta 1e4
+        return (cos if name == "rope_cos" else sin).numpy().astype(np.float32)
+    scale = 4.0 if name in ("low_res", "mask_input") else 1.0  # mask logits
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def video_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
+    rng = np.random.default_rng(0)
+    feeds = Feeds(source="seeded standard normal; validity masks, flags and slot positions as the host feeds them")
+    for run in (0, 1):
+        for name, shape in inputs.items():
+            feeds.arrays[f"{name}@{run}"] = _video_input(name, shape, run, rng)
+        feeds.runs.append({name: f"{name}@{run}" for name in inputs})
+    return feeds
 
 
 # ---- decoder -------------------------------------------------------------------------------------
@@ -145,6 +183,7 @@ def _is_encoder(inputs: dict[str, list[int]]) -> bool:
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[dict, Path | None, int], Feeds]]] = {
     "decoder": (_is_decoder, decoder_feeds),
     "encoder": (_is_encoder, encoder_feeds),
+    "video": (lambda inputs: any(f in inputs for f in ("mem_valid", "binarize", "has_mask")), video_feeds),
     "generic": (lambda inputs: True, generic_feeds),
 }
 
