@@ -110,13 +110,15 @@ class LiteRTBackend:
         num_tokens: int,
         num_threads: int | None = None,
         decoder: str | None = None,
+        batched: str | None = None,
     ) -> None:
         """``decoder``: the decoder file to run; None = ``DECODER_CPU_FILE`` where the bundle has it, else
-        ``DECODER_FILE`` (bundles written before the CPU decoder existed)."""
+        ``DECODER_FILE`` (bundles written before the CPU decoder existed). ``batched``: the batched decoder
+        file (``decode_batch``; None = single decodes)."""
         self.folder, self.cfg, self.num_tokens = Path(folder), cfg, num_tokens
         if decoder is None:
             decoder = DECODER_CPU_FILE if (self.folder / DECODER_CPU_FILE).is_file() else DECODER_FILE
-        self.decoder_file = decoder
+        self.decoder_file, self.batched_file = decoder, batched
         threads = num_threads or min(4, os.cpu_count() or 1)
         self.tables = read_tables(self.folder, cfg.d_model)
         self._no_mask = no_mask_dense(self.tables, cfg.image_embedding_size)
@@ -135,7 +137,9 @@ class LiteRTBackend:
         except (ValueError, TypeError) as e:
             raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
         listed = {a["file"] for a in card["artifacts"]}  # only a file the card lists (and checked) is run
-        backend = cls(folder, cfg, k, threads, DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE)
+        batched = next((a["file"] for a in card["artifacts"] if a.get("role") == "decoder-batched"), None)
+        decoder = DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE
+        backend = cls(folder, cfg, k, threads, decoder, batched)
         backend.check_shapes()
         return backend
 
@@ -182,18 +186,17 @@ class LiteRTBackend:
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
 
-    # ---- batched decoder (optional bundle file ``decoder_batched.tflite``; "segment everything") ----
+    # ---- batched decoder (card role ``decoder-batched``, ``decoder_batched.tflite``; "segment everything") ----
     def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
         """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows, through ``decoder_batched.tflite``
         in chunks of its fixed batch (the last chunk padded by repeating its last row); a bundle without
-        that file runs B single decodes (``backends.decode_loop``)."""
+        it runs B single decodes (``backends.decode_loop``)."""
         from sam2edge.runtime.backends import decode_loop
 
-        path = self.folder / BATCHED_DECODER_FILE
-        if not path.is_file():
+        if self.batched_file is None:
             return decode_loop(self, feats, coords, labels)
         if getattr(self, "_batched", None) is None:
-            self._batched = _interpreter(path, min(4, os.cpu_count() or 1))
+            self._batched = _interpreter(self.folder / self.batched_file, min(4, os.cpu_count() or 1))
         shapes = {k: v["shape"] for k, v in self._batched.get_input_details().items()}
         batch, slots = (int(v) for v in shapes["sparse_prompt"][:2])
         rows = [encode_points(c, lab, self.tables, self.cfg.image_size, slots) for c, lab in zip(coords, labels)]
