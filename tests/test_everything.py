@@ -216,8 +216,12 @@ def synthetic_upstream():
 
 @pytest.mark.parametrize("target", ["onnx", "litert", pytest.param("executorch", marks=pytest.mark.slow)])
 def test_bundle_generator_equals_upstream(small_bundle, synthetic_upstream, chelsea, target):
+    """Through single decodes (the fallback of a bundle without decoder-batched; the batched graph's own
+    tests are below)."""
     kw = dict(GRID, **OPEN)
-    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(small_bundle(target)), **kw).generate(chelsea)
+    predictor = Sam2Predictor.from_export(small_bundle(target))
+    predictor.backend.batched = predictor.backend.batched_file = None  # no batched decoder: B single decodes
+    ours = Sam2AutomaticMaskGenerator(predictor, **kw).generate(chelsea)
     ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
     assert len(ref) == 3 * 64
     assert_same_masks(ours, ref)
