@@ -3,8 +3,10 @@
 Writes (see ``sam2edge.runtime.litert_backend`` for every file's inputs / outputs and the host tables):
 ``encoder.tflite`` (EncoderGraph), ``decoder.tflite`` (TokenDecoderGraph, K host-encoded token slots),
 ``mask_encoder.tflite`` (MaskEncoderGraph: mask-input prompts run on the accelerator too, so the host
-never needs convolution code), the raw float32 host tables, ``fidelity.json``, ``card.json``,
-``manifest.json``.
+never needs convolution code), ``decoder_batched.tflite`` (``export.batched.BatchedTokenDecoderGraph``:
+B token prompts per call, B = ``options={"batch": B}``, default 64; linted and GPU-checked like the
+other GPU graphs, measured against single decodes: check ``batched_decoder``), the raw float32 host tables,
+``fidelity.json``, ``card.json``, ``manifest.json``.
 
 Graphs are built with the default ``Rewrites()`` (rank-4 math attention, zero-stuff transposed conv,
 overflow-safe LayerNorm); inputs and outputs are named through signature kwargs / dict outputs.

@@ -12,6 +12,8 @@ Bundle files (the layout an app or the browser demo consumes; e = S/16, C = d_mo
                             single_iou [1,1], object_score [1,1] (object-presence logit)
   mask_encoder.tflite  in : mask_input [1,1,4e,4e] low-res logits of a previous answer
                        out: dense_prompt [1,C,e,e]
+  decoder_batched.tflite  (card role ``decoder-batched``) the decoder's inputs with sparse_prompt [B,K,C],
+                       sparse_valid [B,K] (B fixed at export): outputs with B rows (``decode_batch``)
   *.bin host tables, raw little-endian float32 (TABLE_FILES): the card-001 ``prompt_encode_const.bin``
   (gaussian [2,C/2] | point_embed[1] [C] | not_a_point [C]) and every table the host prompt encoder needs.
 
@@ -48,7 +50,9 @@ TABLE_FILES: dict[str, tuple[str, object]] = {
     "not_a_point.bin": ("not_a_point", lambda c: (c,)),
     "no_mask.bin": ("no_mask", lambda c: (c,)),
 }
-BATCHED_DECODER_FILE = "decoder_batched.tflite"  # sam2edge.export.batched: B token prompts per call (optional)
+BATCHED_DECODER_FILE = (
+    "decoder_batched.tflite"  # sam2edge.export.batched: B token prompts per call (role decoder-batched)
+)
 CARD_CONST_FILE = "prompt_encode_const.bin"  # reference card 001: gaussian [2,C/2] | point_embed[1] | not_a_point
 
 
