@@ -20,11 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import meta_image_path
 
+from sam2edge.bundle import load_card
 from sam2edge.checks.fidelity import photo
 from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
+from sam2edge.export.batched import BATCH
 from sam2edge.runtime import amg_utils as amg
 from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
 from sam2edge.runtime.backends import EagerBackend, decode_batch, decode_loop
@@ -214,8 +216,12 @@ def synthetic_upstream():
 
 @pytest.mark.parametrize("target", ["onnx", "litert", pytest.param("executorch", marks=pytest.mark.slow)])
 def test_bundle_generator_equals_upstream(small_bundle, synthetic_upstream, chelsea, target):
+    """Through single decodes (the fallback of a bundle without decoder-batched; the batched graph's own
+    tests are below)."""
     kw = dict(GRID, **OPEN)
-    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(small_bundle(target)), **kw).generate(chelsea)
+    predictor = Sam2Predictor.from_export(small_bundle(target))
+    predictor.backend.batched = predictor.backend.batched_file = None  # no batched decoder: B single decodes
+    ours = Sam2AutomaticMaskGenerator(predictor, **kw).generate(chelsea)
     ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
     assert len(ref) == 3 * 64
     assert_same_masks(ours, ref)
@@ -245,23 +251,17 @@ def test_cli_everything(small_bundle, tmp_path, capsys):
 
 # ---- batched decoder graph (LiteRT) --------------------------------------------------------------
 @pytest.fixture(scope="module")
-def batched_bundle(small_bundle, tmp_path_factory):
-    """A copy of the test-small LiteRT bundle plus decoder_batched.tflite (B = 4) of the same weights."""
+def batched_bundle(small_bundle):
+    """The test-small LiteRT bundle: the export writes decoder_batched.tflite (B = 64, card role decoder-batched)."""
     pytest.importorskip("litert_torch")
-    from sam2edge.export.batched import BatchedTokenDecoderGraph, sample_inputs
-    from sam2edge.export.litert import NamedOutputs, convert_graph
-    from sam2edge.export.wrappers import DECODER_OUTPUTS
-    from sam2edge.model import Rewrites, build_sam2
-    from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE
+    return small_bundle("litert")
 
-    folder = tmp_path_factory.mktemp("batched") / "bundle"
-    shutil.copytree(small_bundle("litert"), folder)
-    sd, _ = load_weights(None, TEST_SMALL)
-    model = build_sam2(TEST_SMALL, Rewrites())
-    model.load_state_dict(sd)
-    graph = NamedOutputs(BatchedTokenDecoderGraph(model, batch=4), DECODER_OUTPUTS)
-    convert_graph(graph, sample_inputs(model, batch=4), folder / BATCHED_DECODER_FILE, "fp32")
-    return folder
+
+def _rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n grid-style prompts (one point + upstream's pad point): coords (n, 2, 2), labels (n, 2)."""
+    rng = np.random.default_rng(seed)
+    coords = np.concatenate([rng.uniform(0, 256, (n, 1, 2)), np.zeros((n, 1, 2))], 1).astype(np.float32)
+    return coords, np.tile(np.array([[1, -1]], np.float32), (n, 1))
 
 
 def test_batched_graph_is_gpu_clean(batched_bundle):
@@ -270,20 +270,23 @@ def test_batched_graph_is_gpu_clean(batched_bundle):
     r = lint_file(batched_bundle / "decoder_batched.tflite")
     assert r.clean and r.max_rank <= 4 and not r.banned, r.verdict
     shapes = {t.name: list(t.shape) for t in r.signatures["serving_default"]["inputs"]}
-    assert shapes["sparse_prompt"] == [4, 2, TEST_SMALL.d_model] and shapes["image_embeddings"][0] == 1
+    assert shapes["sparse_prompt"] == [BATCH, 2, TEST_SMALL.d_model] and shapes["image_embeddings"][0] == 1
+    card = load_card(batched_bundle)
+    assert {a["file"]: a["role"] for a in card["artifacts"]}["decoder_batched.tflite"] == "decoder-batched"
+    assert card["extra"]["lint"]["decoder_batched.tflite"]["verdict"] == r.verdict
+    check = card["fidelity"]["checks"]["batched_decoder"]
+    assert check["prompts"] == BATCH + 3 and not check["failures"]
 
 
 def test_batched_graph_equals_single_decodes(batched_bundle, chelsea):
     predictor = Sam2Predictor.from_export(batched_bundle)
     predictor.set_image(chelsea)
-    rng = np.random.default_rng(1)
-    coords = np.concatenate([rng.uniform(0, 256, (7, 1, 2)), np.zeros((7, 1, 2))], 1).astype(np.float32)
-    labels = np.tile(np.array([[1, -1]], np.float32), (7, 1))  # 7 rows: two calls of 4, the last one padded
+    coords, labels = _rows(BATCH + 2, 1)  # two calls of B, the last one padded
     a = predictor.backend.decode_batch(predictor._features, coords, labels)
     b = decode_loop(predictor.backend, predictor._features, coords, labels)
     for f in a.__dataclass_fields__:
         x, y = getattr(a, f), getattr(b, f)
-        assert x.shape == y.shape and x.shape[0] == 7
+        assert x.shape == y.shape and x.shape[0] == BATCH + 2
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
 
 
@@ -306,8 +309,8 @@ def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
     predictor.set_image(chelsea)
     backend, f = predictor.backend, predictor._features
     rows = [
-        encode_points(np.array([[40.0 * i, 30.0], [0, 0]]), np.array([1, -1]), backend.tables, 256, 2)
-        for i in (1, 2, 3, 4)
+        encode_points(np.array([[4.0 * i, 30.0], [0, 0]]), np.array([1, -1]), backend.tables, 256, 2)
+        for i in range(BATCH)
     ]
     arrays = dict(
         image_embeddings=f.image_embed,
@@ -329,34 +332,21 @@ def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
 
 # ---- batched decoder graph (ONNX) ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def onnx_batched_bundle(small_bundle, tmp_path_factory):
-    """A copy of the test-small ONNX bundle plus decoder_batched.onnx (B = 4) of the same weights."""
-    from sam2edge.export.batched import export_onnx
-    from sam2edge.export.onnx import ONNX_REWRITES
-    from sam2edge.model import build_sam2
-    from sam2edge.runtime.onnx_backend import BATCHED_DECODER_FILE
-
-    folder = tmp_path_factory.mktemp("onnx-batched") / "bundle"
-    shutil.copytree(small_bundle("onnx"), folder)
-    sd, _ = load_weights(None, TEST_SMALL)
-    model = build_sam2(TEST_SMALL, ONNX_REWRITES)
-    model.load_state_dict(sd)
-    export_onnx(model, folder / BATCHED_DECODER_FILE, batch=4)
-    return folder
+def onnx_batched_bundle(small_bundle):
+    """The test-small ONNX bundle: the export writes decoder_batched.onnx (B = 64, card role decoder-batched)."""
+    return small_bundle("onnx")
 
 
 def test_onnx_batched_graph_equals_single_decodes(onnx_batched_bundle, chelsea):
     predictor = Sam2Predictor.from_export(onnx_batched_bundle)
     assert predictor.backend.batched is not None
     predictor.set_image(chelsea)
-    rng = np.random.default_rng(2)
-    coords = np.concatenate([rng.uniform(0, 256, (7, 1, 2)), np.zeros((7, 1, 2))], 1).astype(np.float32)
-    labels = np.tile(np.array([[1, -1]], np.float32), (7, 1))  # 7 rows: two calls of 4, the last one padded
+    coords, labels = _rows(BATCH + 2, 2)  # two calls of B, the last one padded
     a = predictor.backend.decode_batch(predictor._features, coords, labels)
     b = decode_loop(predictor.backend, predictor._features, coords, labels)
     for f in a.__dataclass_fields__:
         x, y = getattr(a, f), getattr(b, f)
-        assert x.shape == y.shape and x.shape[0] == 7
+        assert x.shape == y.shape and x.shape[0] == BATCH + 2
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
 
 
@@ -365,3 +355,19 @@ def test_onnx_batched_bundle_generator_equals_upstream(onnx_batched_bundle, synt
     ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(onnx_batched_bundle), **kw).generate(chelsea)
     ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
     assert_same_masks(ours, ref)
+
+
+@pytest.mark.parametrize("target", ["litert", "onnx"])
+def test_tampered_batched_decoder_is_refused_at_load(target, small_bundle, tmp_path):
+    """decoder_batched.* is a card artifact: one changed byte and the bundle is refused, naming the file."""
+    if target == "litert":
+        pytest.importorskip("litert_torch")
+    folder = tmp_path / "bundle"
+    shutil.copytree(small_bundle(target), folder)
+    victim = folder / f"decoder_batched.{'tflite' if target == 'litert' else 'onnx'}"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(UserError) as e:
+        Sam2Predictor.from_export(folder)
+    assert victim.name in str(e.value) and "does not match" in str(e.value) and "\n" not in str(e.value)

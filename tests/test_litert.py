@@ -70,8 +70,14 @@ def test_export_writes_a_verified_bundle(bundle):
     assert card["status"] == "shippable" and card["extra"]["gpu_clean"] is True
     files = {a["file"]: a["role"] for a in card["artifacts"]}
     models = {f for f, r in files.items() if r != "prompt-table"}
-    assert models == {"encoder.tflite", "decoder.tflite", "mask_encoder.tflite", "decoder_cpu.tflite"}
-    assert files["decoder_cpu.tflite"] == "decoder-cpu"
+    assert models == {
+        "encoder.tflite",
+        "decoder.tflite",
+        "mask_encoder.tflite",
+        "decoder_cpu.tflite",
+        "decoder_batched.tflite",
+    }
+    assert files["decoder_cpu.tflite"] == "decoder-cpu" and files["decoder_batched.tflite"] == "decoder-batched"
     assert all((bundle / f).is_file() for f in files)
     fid = card["fidelity"]
     assert fid["passed"] and fid["end_to_end"]["clicks"] >= 40

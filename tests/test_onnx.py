@@ -68,6 +68,7 @@ def test_bundle_files_checker_and_card(bundle):
     assert sorted(p.name for p in bundle.iterdir()) == [
         "card.json",
         "decoder.onnx",
+        "decoder_batched.onnx",
         "encoder.onnx",
         "fidelity.json",
         "manifest.json",
@@ -84,6 +85,7 @@ def test_bundle_files_checker_and_card(bundle):
     for name, ins, outs in (
         ("encoder.onnx", ob.ENCODER_INPUTS, ob.ENCODER_OUTPUTS),
         ("decoder.onnx", ob.DECODER_INPUTS, ob.DECODER_OUTPUTS),
+        ("decoder_batched.onnx", ob.BATCHED_INPUTS, ob.DECODER_OUTPUTS),
     ):
         onnx.checker.check_model(str(bundle / name), full_check=True)
         m = onnx.load(str(bundle / name))
@@ -93,6 +95,7 @@ def test_bundle_files_checker_and_card(bundle):
     dec = onnx.load(str(bundle / "decoder.onnx"))
     coords = next(i for i in dec.graph.input if i.name == "point_coords")
     assert coords.type.tensor_type.shape.dim[1].dim_param == "num_points"
+    assert not fid["checks"]["batched_decoder"]["failures"]
 
 
 def test_metadata(bundle):

@@ -16,13 +16,14 @@ ones tensor (a broadcasting MUL; GPU delegates reject BROADCAST_TO), every tenso
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from sam2edge.model import Sam2ImageModel
 from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE  # noqa: F401 - the bundle file name
 
-BATCH = 64  # prompts per call: a 32x32 grid is 16 calls
+BATCH = 64  # prompts per call: a 32x32 grid is 16 calls (``options={"batch": B}`` / ``job.state["batch"]``)
 GRID_TOKENS = 2  # one point + upstream's pad point
 BATCHED_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
 
@@ -87,16 +88,21 @@ class BatchedPointDecoderGraph(nn.Module):
         return m3, i3, m1, i1, obj
 
 
+def point_sample_args(model: Sam2ImageModel, batch: int = BATCH, points: int = GRID_TOKENS) -> tuple:
+    """Positional sample inputs of ``BatchedPointDecoderGraph`` (for tracing)."""
+    s = sample_inputs(model, batch, points)
+    coords = torch.rand(batch, points, 2, generator=torch.Generator().manual_seed(1)) * model.cfg.image_size
+    labels = torch.tensor([[1.0] + [-1.0] * (points - 1)] * batch)  # (B, N)
+    return (s["image_embeddings"], s["feat_s0"], s["feat_s1"], coords, labels)
+
+
 def export_onnx(model: Sam2ImageModel, path, batch: int = BATCH, points: int = GRID_TOKENS, opset: int = 17) -> None:
     """Trace ``BatchedPointDecoderGraph`` to a self-contained .onnx (fixed B and N; legacy exporter, as
     ``export.onnx``). Inputs / outputs by name: image_embeddings, feat_s0, feat_s1, point_coords, point_labels
     -> BATCHED_OUTPUTS."""
     import warnings
 
-    s = sample_inputs(model, batch, points)
-    coords = torch.rand(batch, points, 2, generator=torch.Generator().manual_seed(1)) * model.cfg.image_size
-    labels = torch.tensor([[1.0] + [-1.0] * (points - 1)] * batch)  # (B, N)
-    args = (s["image_embeddings"], s["feat_s0"], s["feat_s1"], coords, labels)
+    args = point_sample_args(model, batch, points)
     names = ["image_embeddings", "feat_s0", "feat_s1", "point_coords", "point_labels"]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -110,3 +116,39 @@ def export_onnx(model: Sam2ImageModel, path, batch: int = BATCH, points: int = G
             input_names=names,
             output_names=list(BATCHED_OUTPUTS),
         )
+
+
+def batch_size(job) -> int:
+    """B of the exported batched graph: ``job.state["batch"]`` (run_export ``options``), else ``BATCH``."""
+    return int(job.state.get("batch", BATCH))
+
+
+def check_batched(job, backend) -> dict:
+    """The batched graph on B + 3 grid prompts (two calls, the last one padded) vs the same prompts as
+    single decodes of ``backend``, on a real photo: per output ``compare`` over all rows, and the worst
+    row's single-mask IoU. Bars: ``checks.fidelity.bars.BARS`` of the precision (cosine where it has one,
+    the worst end-to-end IoU bar for the masks); a miss is a failure of the bundle."""
+    from sam2edge.checks.fidelity.bars import bars_for
+    from sam2edge.checks.fidelity.metrics import compare, mask_iou
+    from sam2edge.checks.photos import photo
+    from sam2edge.runtime.backends import decode_loop
+    from sam2edge.runtime.preprocess import preprocess
+
+    s, n = job.cfg.image_size, batch_size(job) + 3
+    feats = backend.encode(preprocess(photo("astronaut.png"), s).numpy())
+    g = np.random.default_rng(0)
+    coords = np.concatenate([g.uniform(0, s, (n, 1, 2)), np.zeros((n, 1, 2))], 1).astype(np.float32)  # (n, 2, 2)
+    labels = np.tile(np.array([[1, -1]], np.float32), (n, 1))  # (n, 2): one point + upstream's pad
+    got, ref = backend.decode_batch(feats, coords, labels), decode_loop(backend, feats, coords, labels)
+    outputs = {f: compare(getattr(got, f), getattr(ref, f)) for f in got.__dataclass_fields__}
+    worst = min(mask_iou(a > 0, b > 0) for a, b in zip(got.single_mask, ref.single_mask))
+    bars = bars_for(job.precision)
+    fails = [
+        f"{k}: cosine {m['cosine']:.7f} < {bars['min_cosine']}"
+        for k, m in outputs.items()
+        if "min_cosine" in bars and not m["cosine"] >= bars["min_cosine"]
+    ]
+    if not worst >= bars["min_iou_worst"]:
+        fails.append(f"single_mask: worst row IoU {worst:.5f} < {bars['min_iou_worst']}")
+    fails = [f"batched decoder vs single decodes: {f}" for f in fails]
+    return {"prompts": n, "batch": batch_size(job), "outputs": outputs, "mask_iou_worst": worst, "failures": fails}

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from sam2edge.config import Sam2Config, config_name, model_id
+from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
@@ -132,6 +133,7 @@ IO = {
         ob.DECODER_OUTPUTS,
         {"point_coords": {1: "num_points"}, "point_labels": {1: "num_points"}},
     ),
+    "decoder-batched": (ob.BATCHED_INPUTS, ob.DECODER_OUTPUTS, {}),  # B and N fixed at export
     **{role: (ins, outs, {}) for role, (_, ins, outs) in VIDEO_GRAPHS.items()},
 }
 WORK = ".work"  # raw and optimised graphs, kept until the optimisation check
@@ -168,7 +170,7 @@ def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[s
         "role": role,
         "precision": (
             "fp32 weights (int8 bundle: only the encoder is quantised), fp32 inputs and outputs"
-            if precision == "int8" and role == "decoder"
+            if precision == "int8" and role != "encoder"
             else f"{precision} weights, fp32 inputs and outputs"
         ),
         "resolution": str(s),
@@ -274,7 +276,21 @@ def _graphs(job) -> dict:
     return {
         ob.ENCODER_FILE: ("encoder", enc_cls(job.model), enc_in),
         ob.DECODER_FILE: ("decoder", dec_cls(job.model), dec_in),
-    }
+    } | _batched(job)
+
+
+def _batched(job) -> dict:
+    """fp32 / int8 (fp32 decoder): the batched decoder; fp16 has none yet (single decodes, notes/issue-20.md)."""
+    if job.precision == "fp16":
+        return {}
+    graph, b = bat.BatchedPointDecoderGraph(job.model, bat.batch_size(job)), bat.batch_size(job)
+    return {ob.BATCHED_DECODER_FILE: ("decoder-batched", graph, bat.point_sample_args(job.model, b))}
+
+
+def _backend(job) -> ob.OnnxBackend:
+    backend = ob.OnnxBackend.from_files(job.folder / ob.ENCODER_FILE, job.folder / ob.DECODER_FILE, job.cfg)
+    has = ob.BATCHED_DECODER_FILE in job.files
+    return backend.attach_batched(job.folder / ob.BATCHED_DECODER_FILE) if has else backend
 
 
 def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
@@ -375,11 +391,9 @@ SPEC = TargetSpec(
     rewrites=ONNX_REWRITES,
     graphs=_graphs,
     convert=_convert,
-    open_backend=lambda job: ob.OnnxBackend.from_files(
-        job.folder / ob.ENCODER_FILE, job.folder / ob.DECODER_FILE, job.cfg
-    ),
+    open_backend=_backend,
     extra=_extra,
     summary=summary,
-    checks={"optimization": optimization_check},
+    checks={"optimization": optimization_check, "batched_decoder": lambda job: bat.check_batched(job, _backend(job))},
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

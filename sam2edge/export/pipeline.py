@@ -47,6 +47,7 @@ GRAPH_SET: dict[str, str] = {
     "decoder": "features + prompt -> masks 1x3, iou 1x3, single_mask, single_iou, object_score",
     "decoder-cpu": "the decoder built with CPU-friendly Rewrites, same inputs and outputs (CPU runtimes load it)",
     "mask-encoder": "mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe",
+    "decoder-batched": "features + B prompts (B fixed, options batch) -> the decoder's outputs with B rows",
     **vid.GRAPH_SET_VIDEO,  # --video: memory attention, memory encoder, video decoder
 }
 

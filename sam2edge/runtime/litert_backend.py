@@ -12,6 +12,8 @@ Bundle files (the layout an app or the browser demo consumes; e = S/16, C = d_mo
                             single_iou [1,1], object_score [1,1] (object-presence logit)
   mask_encoder.tflite  in : mask_input [1,1,4e,4e] low-res logits of a previous answer
                        out: dense_prompt [1,C,e,e]
+  decoder_batched.tflite  (card role ``decoder-batched``) the decoder's inputs with sparse_prompt [B,K,C],
+                       sparse_valid [B,K] (B fixed at export): outputs with B rows (``decode_batch``)
   *.bin host tables, raw little-endian float32 (TABLE_FILES): the card-001 ``prompt_encode_const.bin``
   (gaussian [2,C/2] | point_embed[1] [C] | not_a_point [C]) and every table the host prompt encoder needs.
 
@@ -48,7 +50,9 @@ TABLE_FILES: dict[str, tuple[str, object]] = {
     "not_a_point.bin": ("not_a_point", lambda c: (c,)),
     "no_mask.bin": ("no_mask", lambda c: (c,)),
 }
-BATCHED_DECODER_FILE = "decoder_batched.tflite"  # sam2edge.export.batched: B token prompts per call (optional)
+BATCHED_DECODER_FILE = (
+    "decoder_batched.tflite"  # sam2edge.export.batched: B token prompts per call (role decoder-batched)
+)
 CARD_CONST_FILE = "prompt_encode_const.bin"  # reference card 001: gaussian [2,C/2] | point_embed[1] | not_a_point
 
 
@@ -110,13 +114,15 @@ class LiteRTBackend:
         num_tokens: int,
         num_threads: int | None = None,
         decoder: str | None = None,
+        batched: str | None = None,
     ) -> None:
         """``decoder``: the decoder file to run; None = ``DECODER_CPU_FILE`` where the bundle has it, else
-        ``DECODER_FILE`` (bundles written before the CPU decoder existed)."""
+        ``DECODER_FILE`` (bundles written before the CPU decoder existed). ``batched``: the batched decoder
+        file (``decode_batch``; None = single decodes)."""
         self.folder, self.cfg, self.num_tokens = Path(folder), cfg, num_tokens
         if decoder is None:
             decoder = DECODER_CPU_FILE if (self.folder / DECODER_CPU_FILE).is_file() else DECODER_FILE
-        self.decoder_file = decoder
+        self.decoder_file, self.batched_file = decoder, batched
         threads = num_threads or min(4, os.cpu_count() or 1)
         self.tables = read_tables(self.folder, cfg.d_model)
         self._no_mask = no_mask_dense(self.tables, cfg.image_embedding_size)
@@ -135,7 +141,9 @@ class LiteRTBackend:
         except (ValueError, TypeError) as e:
             raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
         listed = {a["file"] for a in card["artifacts"]}  # only a file the card lists (and checked) is run
-        backend = cls(folder, cfg, k, threads, DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE)
+        batched = next((a["file"] for a in card["artifacts"] if a.get("role") == "decoder-batched"), None)
+        decoder = DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE
+        backend = cls(folder, cfg, k, threads, decoder, batched)
         backend.check_shapes()
         return backend
 
@@ -182,18 +190,17 @@ class LiteRTBackend:
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
 
-    # ---- batched decoder (optional bundle file ``decoder_batched.tflite``; "segment everything") ----
+    # ---- batched decoder (card role ``decoder-batched``, ``decoder_batched.tflite``; "segment everything") ----
     def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
         """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows, through ``decoder_batched.tflite``
         in chunks of its fixed batch (the last chunk padded by repeating its last row); a bundle without
-        that file runs B single decodes (``backends.decode_loop``)."""
+        it runs B single decodes (``backends.decode_loop``)."""
         from sam2edge.runtime.backends import decode_loop
 
-        path = self.folder / BATCHED_DECODER_FILE
-        if not path.is_file():
+        if self.batched_file is None:
             return decode_loop(self, feats, coords, labels)
         if getattr(self, "_batched", None) is None:
-            self._batched = _interpreter(path, min(4, os.cpu_count() or 1))
+            self._batched = _interpreter(self.folder / self.batched_file, min(4, os.cpu_count() or 1))
         shapes = {k: v["shape"] for k, v in self._batched.get_input_details().items()}
         batch, slots = (int(v) for v in shapes["sparse_prompt"][:2])
         rows = [encode_points(c, lab, self.tables, self.cfg.image_size, slots) for c, lab in zip(coords, labels)]

@@ -166,8 +166,8 @@ class OnnxBackend:
                 f"{folder}/card.json says resolution {cfg.image_size}, but {paths[0].name} takes {side}x{side} "
                 "images; re-run `sam2edge export --target onnx`"
             )
-        batched = folder / BATCHED_DECODER_FILE
-        return backend.attach_batched(batched) if batched.is_file() else backend
+        batched = by_role.get("decoder-batched")  # listed, so its size and SHA-256 were checked
+        return backend.attach_batched(folder / batched["file"]) if batched else backend
 
     def encode(self, image: np.ndarray) -> Features:
         """image 1x3xSxS float32, ImageNet-normalised -> decoder-ready features."""
@@ -197,7 +197,7 @@ class OnnxBackend:
         feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feed.items()}
         return Decoded(*self.decoder.run(list(DECODER_OUTPUTS), feed))
 
-    # ---- batched decoder (optional bundle file ``decoder_batched.onnx``; "segment everything") -------
+    # ---- batched decoder (card role ``decoder-batched``, ``decoder_batched.onnx``; "segment everything") ---
     batched = None  # onnxruntime session of sam2edge.export.batched.BatchedPointDecoderGraph (fixed B, N)
 
     def attach_batched(self, path: str | Path) -> OnnxBackend:

@@ -4,6 +4,8 @@ Kinds (``KINDS``, first match wins; the names are the LiteRT bundle contract of 
   decoder  inputs image_embeddings [1,C,e,e], feat_s0 [1,C/8,4e,4e], feat_s1 [1,C/4,2e,2e],
            sparse_prompt [1,K,C], sparse_valid [1,K], dense_prompt [1,C,e,e]: one feed per click of
            ``fidelity.click_set`` on real photos; features of the photo, host-encoded prompt tokens.
+  decoder-batched  the decoder's inputs with sparse_prompt [B,K,C], B > 1 (``export.batched``): one
+           feed of B grid points on a real photo (the automatic mask generator's prompts).
   encoder  one input image [1,3,S,S]: a real photo, resized to S and ImageNet-normalised.
   video    the video graphs of ``export --video`` (an input named like a slot / flag of
            ``runtime.video_bundle.VIDEO_GRAPHS``): seeded standard-normal features, but validity masks,
@@ -170,8 +172,33 @@ def decoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int
     return feeds
 
 
+def batched_decoder_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) -> Feeds:
+    """One run: B grid points (one point + upstream's pad per row, the automatic mask generator's prompts)
+    on the encoder photo; features and tables as ``decoder_feeds``."""
+    from sam2edge.runtime.prompts import encode_points, no_mask_dense
+
+    e, d_model = inputs["image_embeddings"][-1], inputs["image_embeddings"][1]
+    batch, slots = inputs["sparse_prompt"][:2]
+    size = 16 * e
+    ctx = _bundle_context(folder, d_model, size) if folder is not None else None
+    encode, tables = ctx if ctx is not None else _synthetic_context(d_model, size)[:2]
+    side = int(np.ceil(np.sqrt(batch)))
+    grid = (np.stack(np.meshgrid(np.arange(side), np.arange(side)), -1).reshape(-1, 2)[:batch] + 0.5) * size / side
+    rows = [encode_points(np.array([xy, [0, 0]]), np.array([1, -1]), tables, size, slots) for xy in grid]
+    feeds = Feeds(source="bundle" if ctx is not None else "synthetic checkpoint")
+    feeds.arrays.update(encode(_image(ENCODER_PHOTO, size)), dense_prompt=no_mask_dense(tables, e))
+    feeds.arrays["sparse_prompt"] = np.concatenate([r[0] for r in rows])  # (B, K, C)
+    feeds.arrays["sparse_valid"] = np.concatenate([r[1] for r in rows])  # (B, K)
+    feeds.runs.append({k: k for k in DECODER_INPUTS})
+    return feeds
+
+
 def _is_decoder(inputs: dict[str, list[int]]) -> bool:
     return set(DECODER_INPUTS) <= set(inputs)
+
+
+def _is_batched_decoder(inputs: dict[str, list[int]]) -> bool:
+    return _is_decoder(inputs) and inputs["sparse_prompt"][0] > 1
 
 
 def _is_encoder(inputs: dict[str, list[int]]) -> bool:
@@ -181,6 +208,7 @@ def _is_encoder(inputs: dict[str, list[int]]) -> bool:
 
 # kind -> (does this signature's inputs {name: shape} match?, feed builder(inputs, folder, clicks))
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[dict, Path | None, int], Feeds]]] = {
+    "decoder-batched": (_is_batched_decoder, batched_decoder_feeds),
     "decoder": (_is_decoder, decoder_feeds),
     "encoder": (_is_encoder, encoder_feeds),
     "video": (lambda inputs: any(f in inputs for f in ("mem_valid", "binarize", "has_mask")), video_feeds),
