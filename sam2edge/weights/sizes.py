@@ -103,11 +103,12 @@ def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_config(spec: str | None) -> str:
-    """Config name for a checkpoint spec (path, hub id, or None / synthetic -> Hiera-Tiny)."""
-    from sam2edge.weights.load import SYNTHETIC, resolve_checkpoint
+    """Config name for a checkpoint spec (path, hub id, or None / synthetic / the default official weights ->
+    Hiera-Tiny)."""
+    from sam2edge.weights.load import DEFAULT_CHECKPOINT, SYNTHETIC, resolve_checkpoint
 
     path = resolve_checkpoint(spec)
-    if path == SYNTHETIC:
+    if path in (SYNTHETIC, DEFAULT_CHECKPOINT):
         return DEFAULT_CONFIG
     return detect_config(checkpoint_shapes(path), f"checkpoint {path}")
 
