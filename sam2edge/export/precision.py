@@ -181,21 +181,12 @@ def _ious(ref, test, prompts) -> list[float]:
     """Mask IoU per prompt of ``test`` vs ``ref`` predictors at the reference's chosen candidate."""
     import numpy as np
 
-    from sam2edge.checks.fidelity import mask_iou, photo
+    from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
 
-    ious, current = [], None
-    for p in prompts:
-        if p.photo != current:
-            img = photo(p.photo)
-            ref.set_image(img)
-            test.set_image(img)
-            current = p.photo
-        kw = dict(point_coords=p.point_coords, point_labels=p.point_labels, box=p.box, multimask_output=p.multimask)
-        rm, rs, _ = ref.predict(**kw)
-        tm, _, _ = test.predict(**kw)
-        k = int(np.argmax(rs))
-        ious.append(mask_iou(tm[k], rm[k]))
-    return ious
+    return [
+        mask_iou(tm[int(np.argmax(rs))], rm[int(np.argmax(rs))])
+        for _, (rm, rs, _), (tm, _, _) in predict_pairs(ref, test, prompts)
+    ]
 
 
 def _localize_stage(ref_graph: nn.Module, test_graph: nn.Module, inputs: tuple, top: int) -> dict:

@@ -9,7 +9,7 @@ candidate is reported separately as ``selection_agreement``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,18 +77,24 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(a, b).sum() / union) if union else 1.0
 
 
-def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], None] | None = None) -> dict:
-    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo."""
-    ious, agree, score_diff, nonfinite, current = [], 0, 0.0, 0, None
-    for i, p in enumerate(prompts):
+def predict_pairs(ref, test, prompts: list[Prompt]) -> Iterator[tuple[Prompt, tuple, tuple]]:
+    """(prompt, ref.predict(...), test.predict(...)) for each prompt, ``ref`` and ``test`` predictors with the
+    same API, each photo encoded once while consecutive prompts share it."""
+    current = None
+    for p in prompts:
         if p.photo != current:
             img = photo(p.photo)
             ref.set_image(img)
             test.set_image(img)
             current = p.photo
         kw = dict(point_coords=p.point_coords, point_labels=p.point_labels, box=p.box, multimask_output=p.multimask)
-        rm, rs, _ = ref.predict(**kw)
-        tm, ts, tl = test.predict(**kw)
+        yield p, ref.predict(**kw), test.predict(**kw)
+
+
+def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], None] | None = None) -> dict:
+    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo."""
+    ious, agree, score_diff, nonfinite = [], 0, 0.0, 0
+    for i, (_, (rm, rs, _), (tm, ts, tl)) in enumerate(predict_pairs(ref, test, prompts)):
         nonfinite += int(not (np.isfinite(ts).all() and np.isfinite(tl).all()))
         k = int(np.argmax(rs))
         agree += int(np.argmax(ts) == k)
