@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from PIL import Image
 
 from sam2edge.checks.fidelity import PHOTOS, photo_path
@@ -157,7 +158,12 @@ def test_segment_with_embeddings_equals_plain(photos, store, tmp_path, capsys):
 
 def test_predictor_skips_the_encoder(store, photos):
     pred = Sam2Predictor.from_checkpoint(None, TEST_SMALL, quiet=True)
-    pred.set_image(load_image(photos / "chelsea.png"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the store was embedded with `embed`'s default --threads 1: same arithmetic
+    try:
+        pred.set_image(load_image(photos / "chelsea.png"))
+    finally:
+        torch.set_num_threads(threads)
     want = pred.predict(np.array([[200.0, 150.0]]), np.array([1]))
     encode, pred.backend.encode = pred.backend.encode, None  # any encoder call would fail
     pred.load_embedding(store, "chelsea")

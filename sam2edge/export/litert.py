@@ -78,12 +78,12 @@ ROLES = {
 # per-token weighted channel sums). Both switches are upstream's own operations (``model.UPSTREAM``).
 # Full-size Hiera-Tiny decoder, torch FlopCounter: 6.04 GFLOP with Rewrites() vs 3.64 with these.
 CPU_DECODER_REWRITES = Rewrites(transposed_conv="native", mask_head="matmul")
-GPU_FILES = (
-    ENCODER_FILE,
-    DECODER_FILE,
-    MASK_ENCODER_FILE,
-    BATCHED_DECODER_FILE,
-)  # linted and GPU-checked; the CPU decoder is not
+
+
+def is_gpu_file(file: str) -> bool:
+    """Every .tflite of a bundle (image, batched and video graphs) is linted and GPU-checked, except the CPU
+    decoder, which only the CPU runtime loads."""
+    return file.endswith(".tflite") and file != DECODER_CPU_FILE
 
 
 @dataclass
@@ -245,7 +245,7 @@ def _tokens(job) -> int:
 def _lint(job) -> dict[str, LintReport]:
     """GPU graphs: lint, refusing a dirty one; the CPU decoder: linted for the record only (its
     TRANSPOSE_CONV is on purpose; the GPU never loads it)."""
-    reports = lint_graphs(job.folder, [f for f in job.files if f in GPU_FILES], job.allow_dirty)
+    reports = lint_graphs(job.folder, [f for f in job.files if is_gpu_file(f)], job.allow_dirty)
     return reports | {f: lint_file(job.folder / f) for f in job.files if f == DECODER_CPU_FILE}
 
 
@@ -273,7 +273,7 @@ def _extra(job) -> dict:
         "dense_prompt": "no mask input: no_mask.bin broadcast to [1,C,e,e]; mask input: mask_encoder.tflite",
         "preprocess": "resize to SxS bilinear, /255, mean (0.485,0.456,0.406), std (0.229,0.224,0.225), NCHW",
         "lint": lint,
-        "gpu_clean": all(r.clean for f, r in reports.items() if f in GPU_FILES),
+        "gpu_clean": all(r.clean for f, r in reports.items() if is_gpu_file(f)),
         "decoders": {
             "cpu": f"{DECODER_CPU_FILE} (Rewrites {vars(CPU_DECODER_REWRITES)}), run by the CPU runtime",
             "gpu": f"{DECODER_FILE} (GPU-clean), for the GPU delegate and the browser",
@@ -316,7 +316,7 @@ def summary(card: dict, out: Path) -> str:
     lines = [f"bundle: {out.resolve()} ({card['precision']}, {card['resolution']}px, status {card['status']})"]
     for a in card["artifacts"]:
         if a["file"].endswith(".tflite"):
-            verdict = card["extra"]["lint"][a["file"]]["verdict"] if a["file"] in GPU_FILES else "CPU only"
+            verdict = card["extra"]["lint"][a["file"]]["verdict"] if is_gpu_file(a["file"]) else "CPU only"
             lines.append(f"  {a['file']:<20} {a['bytes'] / 1e6:8.2f} MB  {verdict}")
     worst = min(fid["outputs"].items(), key=lambda kv: kv[1]["cosine"])
     e2e = fid["end_to_end"]
