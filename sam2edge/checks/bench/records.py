@@ -1,29 +1,44 @@
-"""Bench records: the ratio to upstream, file names, writing, and the printed table (``bench.bench``)."""
+"""Bench records: the machine they were measured on, the ratio to upstream, file names, writing, and the
+printed table (``bench.bench``)."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import platform
 import re
 from pathlib import Path
+
+import torch
 
 from sam2edge.bundle import write_json
 
 UPSTREAM = "upstream-eager"
 
 
+# x86 /proc/cpuinfo ``flags`` and ARM ``Features`` names that decide the kernels runtimes pick: SIMD width,
+# int8 dot products (VNNI, asimddp, i8mm), fp16 (f16c conversion only; avx512_fp16 / asimdhp arithmetic), bf16
 VECTOR_FLAGS = (
     "avx2",
     "fma",
+    "f16c",
     "avx512f",
+    "avx512bw",
     "avx512_vnni",
     "avx_vnni",
+    "avx_vnni_int8",
     "avx512_bf16",
     "avx512_fp16",
+    "avx_ne_convert",
     "amx_tile",
     "amx_bf16",
     "amx_int8",
+    "amx_fp16",
     "asimd",
+    "asimdhp",
     "asimddp",
     "sve",
+    "sve2",
     "i8mm",
     "bf16",
 )
@@ -35,6 +50,67 @@ def vector_extensions(cpuinfo: str) -> list[str]:
     m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", cpuinfo, re.M)
     have = set(m.group(1).split()) if m else set()
     return [f for f in VECTOR_FLAGS if f in have]
+
+
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cpu_model(cpuinfo: str) -> str | None:
+    """The CPU's name in /proc/cpuinfo text (x86 ``model name``; ARM boards: ``Hardware`` / ``cpu model``)."""
+    m = re.search(r"^(?:model name|Hardware|cpu model)\s*:\s*(.+)$", cpuinfo, re.M)
+    return m.group(1).strip() if m else None
+
+
+def machine(cpuinfo: str | None = None) -> dict:
+    """What the numbers were measured on: the CPU model and its vector extensions (from ``cpuinfo``, by
+    default /proc/cpuinfo), cores, OS, Python and torch versions."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    return {
+        "cpu": cpu_model(cpuinfo) or platform.processor() or "unknown",
+        "vector_extensions": vector_extensions(cpuinfo),
+        "cores": os.cpu_count(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MB, from /proc (ru_maxrss where /proc is absent)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        cur = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+        return cur, peak
+    except (OSError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak, peak
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def add_ratios(records: list[dict]) -> None:
@@ -123,7 +199,12 @@ def format_table(records: list[dict]) -> str:
                 f" at {b['gemm_gflops']:.0f} GFLOP/s (fp32 GEMM here) -> {b['encoder_bound_ms']:.0f} ms,"
                 f" {b['decoder_bound_ms']:.1f} ms"
             )
-    return "\n".join(lines)
+    return "\n".join([*lines, _machine_line(records)])
+
+
+def _machine_line(records: list[dict]) -> str:
+    m = records[0].get("machine", {}) if records else {}
+    return f"machine: {m.get('cpu', 'unknown')}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
 
 
 def _label(r: dict) -> str:
