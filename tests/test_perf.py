@@ -331,13 +331,16 @@ def test_bench_compare_times_the_peer(onnx_bundle: Path, tmp_path: Path, capsys)
     args = ["bench", "--runs", "1", "--warmup", "0", "--clicks", "1", "--threads", "1", "--peer", str(peer)]
     assert main([*args, "--compare", str(onnx_bundle), "--records", str(recs)]) == 0
     out = capsys.readouterr().out
-    assert "peer onnx fp32 256" in out and "\nmachine: " in out
+    assert "peer onnx fp32 256" in out and "enc/peer" in out and "\nmachine: " in out
     records = {r["runtime"]: r for r in (json.loads(p.read_text()) for p in recs.rglob("*.json"))}
     assert set(records) == {"onnx", "upstream-eager", "peer-onnx"}
     r = records["peer-onnx"]
     assert r["bundle"] is None and r["peer"]["opset"] == 18 and r["runtime_version"].startswith("onnxruntime ")
     assert {"encoder_vs_upstream", "decoder_vs_upstream"} <= set(r["ratios"]) and r["encoder_ms"]["n"] == 1
     assert r["peer"]["files"] == json.loads((peer / "peer.json").read_text())["files"]
+    o = records["onnx"]
+    assert {"encoder_vs_peer", "decoder_vs_peer", "first_click_vs_peer"} <= set(o["ratios"])
+    assert o["ratios"]["encoder_vs_peer"] == pytest.approx(o["encoder_ms"]["median"] / r["encoder_ms"]["median"])
     stamp = (peer / "encoder.onnx").stat().st_mtime_ns
     assert main([*args, str(onnx_bundle), "--no-records"]) == 0  # reused, not exported again
     assert (peer / "encoder.onnx").stat().st_mtime_ns == stamp and "peer onnx fp32 256" in capsys.readouterr().out

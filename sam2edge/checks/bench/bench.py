@@ -31,8 +31,9 @@ import torch
 
 import sam2edge
 from sam2edge.bundle import load_card
-from sam2edge.checks.bench.peer import PEER, check_peer_folder
+from sam2edge.checks.bench.peer import check_peer_folder
 from sam2edge.checks.bench.records import (  # noqa: F401
+    PEER,
     UPSTREAM,
     add_ratios,
     add_scaling,

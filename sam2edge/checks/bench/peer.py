@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from sam2edge.bundle import write_json
+from sam2edge.checks.bench.records import PEER
 from sam2edge.checks.fidelity.upstream import UpstreamImagePath, upstream_version
 from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_dir
 
-PEER = "peer-onnx"  # record ``runtime`` of the peer subject
 PEER_NAME = "samexporter 0.5.0 stand-in (upstream modules via torch.onnx, onnxruntime)"
 PEER_OPSET = 18  # samexporter's --opset default
 ENCODER_FILE, DECODER_FILE, INFO_FILE = "encoder.onnx", "decoder.onnx", "peer.json"

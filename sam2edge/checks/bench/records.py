@@ -14,6 +14,19 @@ import torch
 from sam2edge.bundle import write_json
 
 UPSTREAM = "upstream-eager"
+PEER = "peer-onnx"  # record ``runtime`` of the peer's export (``checks.bench.peer``)
+# baseline runtime -> the name in its ratio keys (``encoder_vs_upstream``, ``decoder_vs_peer``, ...)
+BASELINES: dict[str, str] = {UPSTREAM: "upstream", PEER: "peer"}
+# ratio table: (header, ratio key, shown even when no record has it)
+RATIO_COLUMNS = (
+    ("enc/upstream", "encoder_vs_upstream", True),
+    ("dec/upstream", "decoder_vs_upstream", True),
+    ("1st/upstream", "first_click_vs_upstream", True),
+    ("enc/peer", "encoder_vs_peer", False),
+    ("dec/peer", "decoder_vs_peer", False),
+    ("enc/bound", "encoder_vs_bound", True),
+    ("dec/bound", "decoder_vs_bound", True),
+)
 
 
 # x86 /proc/cpuinfo ``flags`` and ARM ``Features`` names that decide the kernels runtimes pick: SIMD width,
@@ -114,14 +127,16 @@ def loadavg() -> float | None:
 
 
 def add_ratios(records: list[dict]) -> None:
-    """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
-    ups = {(r["resolution"], r["threads"]): r for r in records if r["runtime"] == UPSTREAM}
+    """Each record's medians over the same-resolution, same-thread-count record of each baseline in
+    ``BASELINES`` (upstream eager, the peer's export) and over the compute bound."""
+    base = {(r["runtime"], r["resolution"], r["threads"]): r for r in records if r["runtime"] in BASELINES}
     for r in records:
         ratios = {}
-        up = ups.get((r["resolution"], r["threads"]))
-        if up is not None:
-            for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
-                ratios[f"{key[:-3]}_vs_upstream"] = r[key]["median"] / up[key]["median"]
+        for runtime, name in BASELINES.items():
+            b = base.get((runtime, r["resolution"], r["threads"]))
+            if b is not None:
+                for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
+                    ratios[f"{key[:-3]}_vs_{name}"] = r[key]["median"] / b[key]["median"]
         if "compute_bound" in r:
             b = r["compute_bound"]
             ratios["encoder_vs_bound"] = r["encoder_ms"]["median"] / b["encoder_bound_ms"]
@@ -177,21 +192,11 @@ def format_table(records: list[dict]) -> str:
             f" {r['peak_rss_mb']:>11.0f}"
         )
     if any("ratios" in r for r in records):
-        lines += [
-            "",
-            f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
-            f" {'enc/bound':>10} {'dec/bound':>10}",
-        ]
+        shown = [c for c in RATIO_COLUMNS if c[2] or any(c[1] in r.get("ratios", {}) for r in records)]
+        lines += ["", f"{'subject':<28} " + " ".join(f"{head:>12}" for head, _, _ in shown)]
         for r in records:
             q = r.get("ratios", {})
-            cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
-            cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
-            lines.append(
-                f"{_label(r):<28} "
-                + " ".join(f"{_x(c):>12}" for c in cells)
-                + " "
-                + " ".join(f"{_x(c):>10}" for c in cells2)
-            )
+            lines.append(f"{_label(r):<28} " + " ".join(f"{_x(q.get(key)):>12}" for _, key, _ in shown))
         b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
         if b:
             lines.append(
