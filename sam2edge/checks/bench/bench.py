@@ -162,14 +162,15 @@ def open_peer_subject(
 ) -> Subject:
     """The peer's export (``checks.bench.peer``) in ``folder``, exported there first from the baselines'
     weights when the folder does not exist (untimed); load = creating the two onnxruntime sessions."""
-    from sam2edge.checks.bench.peer import PeerRunner, ensure_peer
+    from sam2edge.checks.bench.peer import PeerRunner, ensure_peer, file_digests
     from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
 
     sd, prov = _reference(cfg, checkpoint, card)
     info = ensure_peer(folder, upstream_from_state_dict(sd, cfg), cfg, prov)
     del sd
     runner, load_s, before = _timed_load(lambda: PeerRunner(folder, cfg, threads))
-    peer = {"path": str(folder), **{k: info[k] for k in ("peer", "opset", "exporter", "upstream", "files")}}
+    peer = {"path": str(folder), **{k: info[k] for k in ("peer", "opset", "exporter", "upstream")}}
+    peer["files"] = file_digests(folder)  # the files timed (another export's files dropped in show here)
     s = Subject(f"peer onnx fp32 {cfg.image_size}", PEER, runner, cfg, None, "fp32", True, load_s=load_s)
     s.rss_delta_mb, s.peer = before, peer
     return s

@@ -133,6 +133,11 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def file_digests(folder: str | Path) -> dict[str, str]:
+    """SHA-256 of the two graph files in ``folder``."""
+    return {f: hashlib.sha256((Path(folder) / f).read_bytes()).hexdigest() for f in (ENCODER_FILE, DECODER_FILE)}
+
+
 def _config(cfg: Sam2Config) -> dict:
     """The config as peer.json stores it (tuples as lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -180,7 +185,7 @@ def export_peer(folder: str | Path, model: UpstreamImagePath, cfg: Sam2Config, s
             "upstream": f"sam2 {upstream_version()}",
             "source": source,
             "weights_sha256": weights_digest(model),
-            "files": {f: hashlib.sha256((tmp / f).read_bytes()).hexdigest() for f in (ENCODER_FILE, DECODER_FILE)},
+            "files": file_digests(tmp),
         }
         write_json(tmp / INFO_FILE, info)
     return info
