@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from sam2edge.checks.bench.bench import vector_extensions
 from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
-from sam2edge.checks.bench.records import add_scaling
+from sam2edge.checks.bench.records import add_scaling, machine
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.weights import synthetic_state_dict
@@ -265,3 +266,107 @@ def test_executorch_fp16_gelu_stays_in_the_delegate() -> None:
     with torch.no_grad():
         ref = m.float()(xin.float())
     assert (out - ref).abs().max() <= 2e-3 * ref.abs().max()  # fp16 rounding, not an approximation
+
+
+# ---------------------------------------------------------------- the peer's export as a bench subject
+PEER_BOX = np.array([120.0, 60.0, 480.0, 340.0])  # X0, Y0, X1, Y1 in coffee.png (600x400) pixels
+PEER_PROMPTS = [
+    dict(point_coords=np.array([[300.0, 150.0]]), point_labels=np.array([1])),
+    dict(point_coords=np.array([[300.0, 150.0], [80.0, 330.0]]), point_labels=np.array([1, 0])),
+    dict(box=np.array([120.0, 60.0, 480.0, 340.0])),
+    dict(
+        point_coords=np.array([[250.0, 200.0]]), point_labels=np.array([1]), box=np.array([120.0, 60.0, 480.0, 340.0])
+    ),
+]
+
+
+def test_peer_export_gives_upstream_predictor_masks(tmp_path: Path) -> None:
+    """The peer stand-in (upstream's modules through torch.onnx, run by onnxruntime) returns upstream
+    SAM2ImagePredictor's masks, scores and logits on a real photo (not square) for a point, point + negative,
+    box and box + point, through the bench runner's own calls: bench compares equal work. A folder of other
+    weights is refused, never overwritten."""
+    from amg_oracle import UpstreamSam2ForPredictor
+    from oracles import TorchvisionStandIn
+
+    from sam2edge.checks.bench.peer import PeerRunner, ensure_peer, export_peer
+    from sam2edge.checks.fidelity import photo
+    from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
+    from sam2edge.errors import UserError
+    from sam2edge.runtime.preprocess import preprocess
+    from sam2edge.runtime.prompts import prompt_layout
+
+    cfg, img = TEST_SMALL, photo("coffee.png")  # 400x600
+    (h, w), e = img.shape[:2], TEST_SMALL.image_embedding_size
+    model = upstream_from_state_dict(synthetic_state_dict(cfg, seed=1), cfg)
+    export_peer(tmp_path / "peer", model, cfg, SOURCE)
+    runner = PeerRunner(tmp_path / "peer", cfg, threads=1)
+    TorchvisionStandIn.install()
+    from sam2.sam2_image_predictor import SAM2ImagePredictor
+
+    ref = SAM2ImagePredictor(UpstreamSam2ForPredictor(model, cfg))
+    ref._bb_feat_sizes = [(4 * e, 4 * e), (2 * e, 2 * e), (e, e)]  # upstream hard-codes 1024's
+    ref.set_image(img)
+    feats = runner.encode(preprocess(img, cfg.image_size).numpy())
+    for kw in PEER_PROMPTS:
+        masks, iou, low = ref.predict(**kw, multimask_output=True)
+        c, lab = prompt_layout(kw.get("box"), kw.get("point_coords"), kw.get("point_labels"), np.array([w, h]), 256)
+        peer_low, peer_iou = runner.decode(feats, c, lab)
+        np.testing.assert_allclose(peer_low[0], low, rtol=0, atol=1e-4 * np.abs(low).max())
+        np.testing.assert_allclose(peer_iou[0], iou, rtol=0, atol=1e-5)
+        full = ref._transforms.postprocess_masks(torch.from_numpy(peer_low), (h, w))[0].numpy() > 0
+        for a, b in zip(full, masks.astype(bool)):
+            assert 0.005 < b.mean() < 0.995, "a trivially empty or full mask cannot tell exports apart"
+            assert (a & b).sum() / (a | b).sum() >= 0.999
+    other = upstream_from_state_dict(synthetic_state_dict(cfg, seed=2), cfg)
+    before = (tmp_path / "peer" / "encoder.onnx").read_bytes()
+    with pytest.raises(UserError, match="other weights"):
+        ensure_peer(tmp_path / "peer", other, cfg, SOURCE)
+    assert (tmp_path / "peer" / "encoder.onnx").read_bytes() == before
+
+
+def test_bench_compare_times_the_peer(onnx_bundle: Path, tmp_path: Path, capsys) -> None:
+    """bench --compare --peer DIR exports the peer once and times it in the same interleaved run, with ratios
+    to upstream and the export's provenance in its record; a folder that is not a peer export is refused."""
+    peer, recs = tmp_path / "peer", tmp_path / "records"
+    args = ["bench", "--runs", "1", "--warmup", "0", "--clicks", "1", "--threads", "1", "--peer", str(peer)]
+    assert main([*args, "--compare", str(onnx_bundle), "--records", str(recs)]) == 0
+    out = capsys.readouterr().out
+    assert "peer onnx fp32 256" in out and "enc/peer" in out and "\nmachine: " in out
+    records = {r["runtime"]: r for r in (json.loads(p.read_text()) for p in recs.rglob("*.json"))}
+    assert set(records) == {"onnx", "upstream-eager", "peer-onnx"}
+    r = records["peer-onnx"]
+    assert r["bundle"] is None and r["peer"]["opset"] == 18 and r["runtime_version"].startswith("onnxruntime ")
+    assert {"encoder_vs_upstream", "decoder_vs_upstream"} <= set(r["ratios"]) and r["encoder_ms"]["n"] == 1
+    assert r["peer"]["files"] == json.loads((peer / "peer.json").read_text())["files"]
+    o = records["onnx"]
+    assert {"encoder_vs_peer", "decoder_vs_peer", "first_click_vs_peer"} <= set(o["ratios"])
+    assert o["ratios"]["encoder_vs_peer"] == pytest.approx(o["encoder_ms"]["median"] / r["encoder_ms"]["median"])
+    stamp = (peer / "encoder.onnx").stat().st_mtime_ns
+    assert main([*args, str(onnx_bundle), "--no-records"]) == 0  # reused, not exported again
+    assert (peer / "encoder.onnx").stat().st_mtime_ns == stamp and "peer onnx fp32 256" in capsys.readouterr().out
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["bench", "--upstream", "--peer", str(mine), "--no-records"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --peer") and len(err.strip().splitlines()) == 1
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_records_carry_the_cpu_model_and_its_extensions() -> None:
+    """machine() names the CPU and its SIMD / int8 / fp16 / bf16 extensions from /proc/cpuinfo text."""
+    xeon = (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "flags\t\t: fpu sse2 avx f16c fma avx2 avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 amx_tile\n"
+    )
+    m = machine(xeon)
+    assert m["cpu"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert m["vector_extensions"] == [
+        "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile"
+    ]  # fmt: skip
+    arm = "processor\t: 0\nFeatures\t: fp asimd asimdhp asimddp sve sve2 i8mm bf16\nHardware\t: Graviton3\n"
+    assert machine(arm)["cpu"] == "Graviton3"
+    assert machine(arm)["vector_extensions"] == ["asimd", "asimdhp", "asimddp", "sve", "sve2", "i8mm", "bf16"]
+    assert machine("")["cpu"] and machine("")["vector_extensions"] == []
+    here = machine()
+    assert isinstance(here["cpu"], str) and here["cpu"] and here["cores"] >= 1

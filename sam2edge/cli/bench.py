@@ -1,8 +1,9 @@
-"""``sam2edge bench DIR ... | --upstream [--compare DIR ...] [--threads N] [--runs N --warmup N]``.
+"""``sam2edge bench DIR ... | --upstream [--compare DIR ...] [--peer DIR] [--threads N] [--runs N --warmup N]``.
 
 Times each bundle (and upstream eager with the same weights) in one session, interleaved;
 prints a table; writes one JSON record per subject under ``--records`` (default ``records/``).
-``--compare`` adds upstream eager and the compute bound and prints the ratios.
+``--compare`` adds upstream eager and the compute bound and prints the ratios; ``--peer DIR`` adds the
+peer's export (samexporter's kind of ONNX export, ``checks.bench.peer``) as one more baseline.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=str(os.cpu_count() or 1),
         help="threads per runtime, or a comma list timed one after another for thread scaling, e.g. 1,2"
         " (default: all cores)",
+    )
+    p.add_argument(
+        "--peer",
+        metavar="DIR",
+        help="also time the peer's export (a stand-in for samexporter's ONNX export of SAM 2.1: upstream's modules"
+        " through torch.onnx, run by onnxruntime) from DIR; a DIR that does not exist is exported there first,"
+        " from the bundles' weights",
     )
     p.add_argument("--runs", type=int, default=5, help="timed rounds (each: 1 encode + --clicks decodes)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds per subject after loading")
@@ -73,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     bundles = list(args.bundles) + list(args.compare)
     upstream = args.upstream or bool(args.compare)
-    if not bundles and not upstream:
-        raise UserError("nothing to time; pass bundle folders, --upstream, or --compare DIR ...")
+    if not bundles and not upstream and not args.peer:
+        raise UserError("nothing to time; pass bundle folders, --upstream, --peer DIR or --compare DIR ...")
     threads = parse_threads(args.threads)
     for name, v, lo in (
         ("--runs", args.runs, 1),
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         upstream_cfg=cfg,
         upstream_checkpoint=args.checkpoint,
         bound=args.bound or bool(args.compare),
+        peer=args.peer,
     )
     print(format_table(out["records"]))
     if not args.no_records:

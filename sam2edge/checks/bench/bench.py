@@ -19,13 +19,11 @@ resolution) / fp32 GEMM throughput measured here (2048^3 ``torch.mm``, same thre
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata
 import os
-import platform
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +31,18 @@ import torch
 
 import sam2edge
 from sam2edge.bundle import load_card
+from sam2edge.checks.bench.peer import check_peer_folder
 from sam2edge.checks.bench.records import (  # noqa: F401
+    PEER,
     UPSTREAM,
     add_ratios,
     add_scaling,
     format_table,
+    loadavg,
+    machine,
+    package_version,
+    reset_peak_rss,
+    rss_mb,
     vector_extensions,
     write_records,
 )
@@ -50,56 +55,10 @@ from sam2edge.targets import TARGETS
 
 BENCH_PHOTO = "astronaut.png"
 # runtime (card.json target) -> the package whose version identifies it
-RUNTIME_PACKAGES: dict[str, str] = {name: t.runtime_package for name, t in TARGETS.items()} | {UPSTREAM: "sam2"}
-
-
-def package_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def machine() -> dict:
-    """What the numbers were measured on (CPU model and its vector extensions included)."""
-    cpu, info = platform.processor() or "unknown", ""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        m = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
-        cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "vector_extensions": vector_extensions(info),
-        "cores": os.cpu_count(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-
-
-def rss_mb() -> tuple[float, float]:
-    """(current RSS, peak RSS) of this process in MB, from /proc (ru_maxrss where /proc is absent)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-        cur = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
-        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
-        return cur, peak
-    except (OSError, AttributeError):
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        return peak, peak
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); False if not allowed."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+RUNTIME_PACKAGES: dict[str, str] = {name: t.runtime_package for name, t in TARGETS.items()} | {
+    UPSTREAM: "sam2",
+    PEER: "onnxruntime",
+}
 
 
 def stats(samples: list[float]) -> dict:
@@ -131,6 +90,7 @@ class Subject:
     decoder_ms: list[float] = field(default_factory=list)
     first_click_ms: list[float] = field(default_factory=list)
     inputs: tuple = ()
+    peer: dict | None = None  # the peer subject's export (path, exporter, files' SHA-256)
 
 
 def _prompts(cfg: Sam2Config, clicks: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
@@ -178,16 +138,41 @@ def open_bundle_subject(folder: str | Path, threads: int) -> Subject:
     return s
 
 
+def _reference(cfg: Sam2Config, checkpoint: str | None, card: dict | None) -> tuple[dict, dict]:
+    """The weights every baseline runs: ``checkpoint``, else ``card``'s recorded source (state dict, provenance)."""
+    from sam2edge.weights import load_weights
+
+    return reference_weights(card, cfg, checkpoint) if card is not None else load_weights(checkpoint, cfg)
+
+
 def open_upstream_subject(cfg: Sam2Config, checkpoint: str | None, card: dict | None = None) -> Subject:
     """Upstream eager with the weights of ``checkpoint`` (or of ``card``'s recorded source); load timed
     from the in-memory state dict (module build + load_state_dict)."""
     from sam2edge.checks.fidelity.upstream import UpstreamRunner, upstream_from_state_dict
-    from sam2edge.weights import load_weights
 
-    sd, _ = reference_weights(card, cfg, checkpoint) if card is not None else load_weights(checkpoint, cfg)
+    sd, _ = _reference(cfg, checkpoint, card)
     runner, load_s, before = _timed_load(lambda: UpstreamRunner(upstream_from_state_dict(sd, cfg), cfg))
     s = Subject(f"{UPSTREAM} fp32 {cfg.image_size}", UPSTREAM, runner, cfg, None, "fp32", True, load_s=load_s)
     s.rss_delta_mb = before
+    return s
+
+
+def open_peer_subject(
+    folder: str | Path, cfg: Sam2Config, checkpoint: str | None, card: dict | None, threads: int
+) -> Subject:
+    """The peer's export (``checks.bench.peer``) in ``folder``, exported there first from the baselines'
+    weights when the folder does not exist (untimed); load = creating the two onnxruntime sessions."""
+    from sam2edge.checks.bench.peer import PeerRunner, ensure_peer, file_digests
+    from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
+
+    sd, prov = _reference(cfg, checkpoint, card)
+    info = ensure_peer(folder, upstream_from_state_dict(sd, cfg), cfg, prov)
+    del sd
+    runner, load_s, before = _timed_load(lambda: PeerRunner(folder, cfg, threads))
+    peer = {"path": str(folder), **{k: info[k] for k in ("peer", "opset", "exporter", "upstream")}}
+    peer["files"] = file_digests(folder)  # the files timed (another export's files dropped in show here)
+    s = Subject(f"peer onnx fp32 {cfg.image_size}", PEER, runner, cfg, None, "fp32", True, load_s=load_s)
+    s.rss_delta_mb, s.peer = before, peer
     return s
 
 
@@ -211,6 +196,28 @@ def warm_up(s: Subject, warmup: int, clicks: int) -> None:
     cur, peak = rss_mb()
     s.peak_rss_mb = peak
     s.rss_delta_mb = max(peak, cur) - s.rss_delta_mb
+
+
+def _open_subjects(bundles, upstream, peer, threads, warmup, clicks, cfg, checkpoint) -> list[Subject]:
+    """The bundles, then the baselines (upstream eager, the peer's export), each loaded and warmed up in turn;
+    the baselines run the first bundle's weights (its recorded checkpoint) and resolution unless given."""
+    card = load_card(Path(bundles[0])) if bundles and checkpoint is None else None
+    cfg = cfg or (bundle_config(load_card(Path(bundles[0]))) if bundles else HIERA_TINY)
+    opens = [(f"load {b}", partial(open_bundle_subject, b, threads)) for b in bundles]
+    if upstream:
+        what = f"load upstream eager ({cfg.image_size}px)"
+        opens.append((what, partial(open_upstream_subject, cfg, checkpoint, card)))
+    if peer is not None:
+        what = f"load the peer's export {peer} (exported there first if it does not exist)"
+        opens.append((what, partial(open_peer_subject, peer, cfg, checkpoint, card, threads)))
+    subjects = []
+    for what, open_subject in opens:
+        stage(what)
+        s = open_subject()
+        stage(f"warm up {s.label} ({warmup} round(s))")
+        warm_up(s, warmup, clicks)
+        subjects.append(s)
+    return subjects
 
 
 def time_rounds(subjects: list[Subject], runs: int) -> None:
@@ -271,13 +278,6 @@ def compute_bound(cfg: Sam2Config, gflops: float) -> dict[str, float]:
     }
 
 
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
 def run_bench(bundles: list[str | Path], *, threads: int | list[int], **kw) -> dict:
     """``bench_once`` at each thread count in turn (one count: as it is); records of every count, ratios
     to upstream within a count, and each subject's speed-up over its fewest-thread run (``add_scaling``)."""
@@ -299,28 +299,17 @@ def bench_once(
     upstream_cfg: Sam2Config | None = None,
     upstream_checkpoint: str | None = None,
     bound: bool = False,
+    peer: str | Path | None = None,
 ) -> dict:
-    """Load, warm up and time every subject (interleaved); -> {session, subjects: [records], bound}."""
+    """Load, warm up and time every subject (interleaved); -> {session, subjects: [records], bound}.
+    ``peer``: a folder for the peer's export (``checks.bench.peer``), timed as one more baseline."""
     for b in bundles:  # every card valid before anything is loaded
         load_card(Path(b))
+    if peer is not None:
+        check_peer_folder(peer)
     torch.set_num_threads(threads)
     load_before = loadavg()
-    subjects = []
-    for b in bundles:
-        stage(f"load {b}")
-        s = open_bundle_subject(b, threads)
-        stage(f"warm up {s.label} ({warmup} round(s))")
-        warm_up(s, warmup, clicks)
-        subjects.append(s)
-    if upstream:
-        # same weights and resolution as the first bundle unless given
-        card = load_card(Path(bundles[0])) if bundles and upstream_checkpoint is None else None
-        cfg = upstream_cfg or (subjects[0].cfg if subjects else HIERA_TINY)
-        stage(f"load upstream eager ({cfg.image_size}px)")
-        s = open_upstream_subject(cfg, upstream_checkpoint, card)
-        stage(f"warm up {s.label} ({warmup} round(s))")
-        warm_up(s, warmup, clicks)
-        subjects.append(s)
+    subjects = _open_subjects(bundles, upstream, peer, threads, warmup, clicks, upstream_cfg, upstream_checkpoint)
     time_rounds(subjects, runs)
     bounds = {}
     if bound:
@@ -369,6 +358,8 @@ def to_record(s: Subject, threads, runs, warmup, clicks, session, now, env, boun
         "decoder_ms": stats(s.decoder_ms),
         "first_click_ms": stats(s.first_click_ms),
     }
+    if s.peer:
+        rec["peer"] = s.peer
     if bound:
         rec["compute_bound"] = bound
     return rec

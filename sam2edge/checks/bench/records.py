@@ -1,29 +1,57 @@
-"""Bench records: the ratio to upstream, file names, writing, and the printed table (``bench.bench``)."""
+"""Bench records: the machine they were measured on, the ratio to upstream, file names, writing, and the
+printed table (``bench.bench``)."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import platform
 import re
 from pathlib import Path
+
+import torch
 
 from sam2edge.bundle import write_json
 
 UPSTREAM = "upstream-eager"
+PEER = "peer-onnx"  # record ``runtime`` of the peer's export (``checks.bench.peer``)
+# baseline runtime -> the name in its ratio keys (``encoder_vs_upstream``, ``decoder_vs_peer``, ...)
+BASELINES: dict[str, str] = {UPSTREAM: "upstream", PEER: "peer"}
+# ratio table: (header, ratio key, shown even when no record has it)
+RATIO_COLUMNS = (
+    ("enc/upstream", "encoder_vs_upstream", True),
+    ("dec/upstream", "decoder_vs_upstream", True),
+    ("1st/upstream", "first_click_vs_upstream", True),
+    ("enc/peer", "encoder_vs_peer", False),
+    ("dec/peer", "decoder_vs_peer", False),
+    ("enc/bound", "encoder_vs_bound", True),
+    ("dec/bound", "decoder_vs_bound", True),
+)
 
 
+# x86 /proc/cpuinfo ``flags`` and ARM ``Features`` names that decide the kernels runtimes pick: SIMD width,
+# int8 dot products (VNNI, asimddp, i8mm), fp16 (f16c conversion only; avx512_fp16 / asimdhp arithmetic), bf16
 VECTOR_FLAGS = (
     "avx2",
     "fma",
+    "f16c",
     "avx512f",
+    "avx512bw",
     "avx512_vnni",
     "avx_vnni",
+    "avx_vnni_int8",
     "avx512_bf16",
     "avx512_fp16",
+    "avx_ne_convert",
     "amx_tile",
     "amx_bf16",
     "amx_int8",
+    "amx_fp16",
     "asimd",
+    "asimdhp",
     "asimddp",
     "sve",
+    "sve2",
     "i8mm",
     "bf16",
 )
@@ -37,15 +65,78 @@ def vector_extensions(cpuinfo: str) -> list[str]:
     return [f for f in VECTOR_FLAGS if f in have]
 
 
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cpu_model(cpuinfo: str) -> str | None:
+    """The CPU's name in /proc/cpuinfo text (x86 ``model name``; ARM boards: ``Hardware`` / ``cpu model``)."""
+    m = re.search(r"^(?:model name|Hardware|cpu model)\s*:\s*(.+)$", cpuinfo, re.M)
+    return m.group(1).strip() if m else None
+
+
+def machine(cpuinfo: str | None = None) -> dict:
+    """What the numbers were measured on: the CPU model and its vector extensions (from ``cpuinfo``, by
+    default /proc/cpuinfo), cores, OS, Python and torch versions."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    return {
+        "cpu": cpu_model(cpuinfo) or platform.processor() or "unknown",
+        "vector_extensions": vector_extensions(cpuinfo),
+        "cores": os.cpu_count(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MB, from /proc (ru_maxrss where /proc is absent)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        cur = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+        return cur, peak
+    except (OSError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak, peak
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def add_ratios(records: list[dict]) -> None:
-    """Each record's medians over the same-resolution upstream eager record and over the compute bound."""
-    ups = {(r["resolution"], r["threads"]): r for r in records if r["runtime"] == UPSTREAM}
+    """Each record's medians over the same-resolution, same-thread-count record of each baseline in
+    ``BASELINES`` (upstream eager, the peer's export) and over the compute bound."""
+    base = {(r["runtime"], r["resolution"], r["threads"]): r for r in records if r["runtime"] in BASELINES}
     for r in records:
         ratios = {}
-        up = ups.get((r["resolution"], r["threads"]))
-        if up is not None:
-            for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
-                ratios[f"{key[:-3]}_vs_upstream"] = r[key]["median"] / up[key]["median"]
+        for runtime, name in BASELINES.items():
+            b = base.get((runtime, r["resolution"], r["threads"]))
+            if b is not None:
+                for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
+                    ratios[f"{key[:-3]}_vs_{name}"] = r[key]["median"] / b[key]["median"]
         if "compute_bound" in r:
             b = r["compute_bound"]
             ratios["encoder_vs_bound"] = r["encoder_ms"]["median"] / b["encoder_bound_ms"]
@@ -101,21 +192,11 @@ def format_table(records: list[dict]) -> str:
             f" {r['peak_rss_mb']:>11.0f}"
         )
     if any("ratios" in r for r in records):
-        lines += [
-            "",
-            f"{'subject':<28} {'enc/upstream':>12} {'dec/upstream':>12} {'1st/upstream':>12}"
-            f" {'enc/bound':>10} {'dec/bound':>10}",
-        ]
+        shown = [c for c in RATIO_COLUMNS if c[2] or any(c[1] in r.get("ratios", {}) for r in records)]
+        lines += ["", f"{'subject':<28} " + " ".join(f"{head:>12}" for head, _, _ in shown)]
         for r in records:
             q = r.get("ratios", {})
-            cells = [q.get(k) for k in ("encoder_vs_upstream", "decoder_vs_upstream", "first_click_vs_upstream")]
-            cells2 = [q.get(k) for k in ("encoder_vs_bound", "decoder_vs_bound")]
-            lines.append(
-                f"{_label(r):<28} "
-                + " ".join(f"{_x(c):>12}" for c in cells)
-                + " "
-                + " ".join(f"{_x(c):>10}" for c in cells2)
-            )
+            lines.append(f"{_label(r):<28} " + " ".join(f"{_x(q.get(key)):>12}" for _, key, _ in shown))
         b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
         if b:
             lines.append(
@@ -123,7 +204,12 @@ def format_table(records: list[dict]) -> str:
                 f" at {b['gemm_gflops']:.0f} GFLOP/s (fp32 GEMM here) -> {b['encoder_bound_ms']:.0f} ms,"
                 f" {b['decoder_bound_ms']:.1f} ms"
             )
-    return "\n".join(lines)
+    return "\n".join([*lines, _machine_line(records)])
+
+
+def _machine_line(records: list[dict]) -> str:
+    m = records[0].get("machine", {}) if records else {}
+    return f"machine: {m.get('cpu', 'unknown')}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
 
 
 def _label(r: dict) -> str:
