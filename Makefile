@@ -12,13 +12,13 @@ run: setup
 	$(PY) -m sam2edge segment sample:astronaut.png --point 270,180 --out $(OUT)/mask.png --overlay $(OUT)/overlay.png
 
 test: setup
-	$(PY) -m ruff check sam2edge tests benchmarks
-	$(PY) -m ruff format --check sam2edge tests benchmarks
+	$(PY) -m ruff check sam2edge tests benchmarks scripts
+	$(PY) -m ruff format --check sam2edge tests benchmarks scripts
 	.venv/bin/lint-imports --no-cache
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # ruff, then the layering contract of pyproject.toml [tool.importlinter] (fails on an upward import or a cycle)
 lint: setup
-	$(PY) -m ruff check sam2edge tests benchmarks
-	$(PY) -m ruff format --check sam2edge tests benchmarks
+	$(PY) -m ruff check sam2edge tests benchmarks scripts
+	$(PY) -m ruff format --check sam2edge tests benchmarks scripts
 	.venv/bin/lint-imports --no-cache
