@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -33,46 +34,39 @@ from oracles import meta_image_path  # noqa: E402
 from sam2edge.checks.fidelity import photo  # noqa: E402
 from sam2edge.cli.main import main as cli  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
+from sam2edge.export.batched import BATCH  # noqa: E402
 from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
 from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
 from sam2edge.runtime.backends import EagerBackend  # noqa: E402
 from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
 
 
-def timed(generate, image, runs: int) -> tuple[float, int]:
-    """Median seconds of ``runs`` calls of generate(image), and the mask count of the last one."""
-    times, n = [], 0
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        n = len(generate(image))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), n
+def timed_interleaved(runners: dict, image, runs: int) -> list[dict]:
+    """One warm-up call each, then ``runs`` rounds calling every runner once per round (interleaved, so a
+    change of machine load hits every runner alike); median seconds and the mask count of the last call."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    counts: dict[str, int] = {}
+    for name, generate in runners.items():
+        counts[name] = len(generate(image))
+    for _ in tqdm(range(runs), desc="rounds", unit="round"):
+        for name, generate in runners.items():
+            t0 = time.perf_counter()
+            counts[name] = len(generate(image))
+            times[name].append(time.perf_counter() - t0)
+    return [{"runner": n, "seconds": statistics.median(times[n]), "masks": counts[n]} for n in runners]
 
 
 def export_with_batched(target: str, sd: dict, config: str, batch: int, folder: Path) -> Path:
-    """A fp32 bundle of ``sd`` (``sam2edge export``) plus its batched decoder graph (B = ``batch``)."""
-    from sam2edge.export import batched
-    from sam2edge.model import Rewrites, build_sam2
-
+    """A fp32 bundle of ``sd`` through ``sam2edge export`` (which writes the batched decoder graph where the
+    target has one; the GPU check is skipped: not what this benchmark measures)."""
+    if batch != BATCH:
+        raise SystemExit(f"the export's batched decoder takes B = {BATCH} prompts; use --points-per-batch {BATCH}")
     ck, out = folder / "weights.pt", folder / f"bundle-{target}"
     torch.save({"model": sd}, ck)
     argv = ["export", "--target", target, "--config", config, "--precision", "fp32", "--checkpoint", str(ck)]
+    argv += ["--gpu-check", "skip"] if target == "litert" else []
     if cli([*argv, "--out", str(out)]) != 0:
         raise SystemExit(f"export of {target} failed")
-    if target == "onnx":
-        from sam2edge.export.onnx import ONNX_REWRITES
-
-        model = build_sam2(CONFIGS[config], ONNX_REWRITES)
-        model.load_state_dict(sd)
-        batched.export_onnx(model, out / "decoder_batched.onnx", batch)
-    else:
-        from sam2edge.export.litert import NamedOutputs, convert_graph
-        from sam2edge.export.wrappers import DECODER_OUTPUTS
-
-        model = build_sam2(CONFIGS[config], Rewrites())
-        model.load_state_dict(sd)
-        graph = NamedOutputs(batched.BatchedTokenDecoderGraph(model, batch), DECODER_OUTPUTS)
-        convert_graph(graph, batched.sample_inputs(model, batch), out / batched.BATCHED_DECODER_FILE, "fp32")
     return out
 
 
@@ -86,7 +80,7 @@ def main() -> None:
         "--export",
         action="append",
         default=[],
-        choices=["onnx", "litert"],
+        choices=["onnx", "litert", "executorch"],
         help="export a bundle of the benchmark's weights with its batched decoder (B = --points-per-batch) and time it",
     )
     ap.add_argument(
@@ -119,20 +113,21 @@ def main() -> None:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
         folder = export_with_batched(target, path.state_dict(), args.config, args.points_per_batch, Path(args.workdir))
         args.bundle.append(str(folder))
+    batched = {"upstream": True, "sam2edge-eager": True}
     for b in args.bundle:
         runners[f"bundle:{b}"] = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(b), **kw).generate
-    records = []
+        roles = {a.get("role") for a in json.loads((Path(b) / "card.json").read_text())["artifacts"]}
+        batched[f"bundle:{b}"] = "decoder-batched" in roles
     with torch.no_grad():
-        for name, generate in runners.items():
-            seconds, masks = timed(generate, image, args.runs)
-            records.append({"runner": name, "seconds": seconds, "masks": masks})
+        records = timed_interleaved(runners, image, args.runs)
     base = records[0]["seconds"]
     grid = f"{args.points_per_side}x{args.points_per_side}"
     print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
     for r in records:
         r.update(ratio=r["seconds"] / base, grid=grid, open_filters=args.open_filters, config=args.config)
-        r.update(threads=args.threads, photo=args.photo)
-        print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}")
+        r.update(threads=args.threads, photo=args.photo, batched_decoder=batched[r["runner"]], runs=args.runs)
+        how = "batched" if r["batched_decoder"] else "one prompt per call"
+        print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}  ({how})")
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
 
