@@ -19,7 +19,11 @@ IOU_WORST, IOU_MEDIAN = 0.99, 0.999
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle_or_target", help="a bundle folder (card.json) or a target: litert, onnx, executorch")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", help="model config for a target (default full size)")
+    p.add_argument(
+        "--config",
+        default="sam2.1-hiera-tiny",
+        help="model config for a target (default full size; also test-small-wide-decoder)",
+    )
     p.add_argument("--resolution", type=int, help="input side for a target (multiple of 32)")
     p.add_argument(
         "--checkpoint",
@@ -46,7 +50,9 @@ def _resolve(args: argparse.Namespace):
     if target not in EMULATIONS:
         raise UserError(f"{target!r} is neither a bundle folder nor a target; use one of {', '.join(EMULATIONS)}")
     try:
-        cfg = get_config(config)
+        from sam2edge.checks.fidelity.checkpoints import PRECISION_CONFIGS
+
+        cfg = PRECISION_CONFIGS[config] if config in PRECISION_CONFIGS else get_config(config)
         cfg = cfg.at_resolution(res) if res else cfg
     except ValueError as e:
         raise UserError(str(e)) from None
