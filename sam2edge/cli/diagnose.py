@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
         f"(click {w['index']}, {w['kind']} on {w['photo']})"
     )
     print(
-        f"worst click: fp32 graphs {report['worst_click_iou_fp32_graphs']:.5f}; fp16 decoder on fp32 features "
-        f"{report['worst_click_iou_reduced_decoder_only']:.5f}"
+        f"worst click: fp32 graphs {report['worst_click_iou_fp32_graphs']:.5f}; the target's decoder (as exported) "
+        f"on fp32 features {report['worst_click_iou_reduced_decoder_only']:.5f}"
     )
     _print_stage("encoder", report["encoder"])
     _print_stage("decoder", report["decoder"])

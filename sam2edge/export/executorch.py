@@ -13,7 +13,7 @@ Precisions (I/O fp32 for all):
         error, so GELU stays exact on the portable kernel and is reported outside the delegate); the decoder
         stays fp32, built from the fp32 weights: fp16 rounding accumulates ~1e-3 relative error per two-way
         transformer stage, which at full decoder width drops the median mask IoU below the 0.999 bar for
-        some checkpoints (issue 15; ``export.precision`` FP32_KEPT);
+        some checkpoints (issue 15; ``export.kept.FP32_KEPT``);
   int8  dynamic int8 (per-channel symmetric weights, per-token activations) on every Linear of the
         encoder via the XNNPACK quantizer (torchao pt2e); the decoder stays fp32 (4.2 M parameters; its
         int8 lowering fails in XNNPACK's ChannelsLastTaggedReshapePass on the mask-input LayerNorm2d).

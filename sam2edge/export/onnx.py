@@ -8,8 +8,8 @@ Both carry ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prom
 
 fp16: every weight and activation of the encoder is fp16; decoder.onnx (prompt encoder + mask decoder) stays
 fp32: fp16 rounding accumulates ~1e-3 relative error per two-way transformer stage, which at full decoder
-width drops the median mask IoU below the 0.999 bar for some checkpoints (issue 15; ``export.precision``
-FP32_KEPT); I/O stays fp32.
+width drops the median mask IoU below the 0.999 bar for some checkpoints (issue 15;
+``export.kept.FP32_KEPT``); I/O stays fp32.
 
 Graph optimisation: onnxruntime's offline BASIC level (constant folding, redundant-node removal;
 output stays standard ONNX, so TensorRT / OpenVINO / onnxruntime-web can read it); the optimised graph
