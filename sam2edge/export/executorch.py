@@ -9,11 +9,11 @@ need zero-filled tensors it cannot make), rank-4 math attention, overflow-safe L
 legalization of ``executorch_lower`` puts LayerNorm, attention and (fp32) GELU in the delegate.
 Precisions (I/O fp32 for all):
   fp32  as is;
-  fp16  the encoder ``model.half()`` (XNNPACK's fp16 GELU is an approximation, measured up to 15 % relative
-        error, so GELU stays exact on the portable kernel and is reported outside the delegate); the decoder
-        stays fp32, built from the fp32 weights: fp16 rounding accumulates ~1e-3 relative error per two-way
-        transformer stage, which at full decoder width drops the median mask IoU below the 0.999 bar for
-        some checkpoints (issue 15; ``export.kept.FP32_KEPT``);
+  fp16  the encoder ``model.half()`` (GELU as an erf-free exact form inside the delegate: XNNPACK's own fp16
+        GELU is an approximation, see ``executorch_lower``); the decoder stays fp32, built from the fp32
+        weights: fp16 rounding accumulates ~1e-3 relative error per two-way transformer stage, which at full
+        decoder width drops the median mask IoU below the 0.999 bar for some checkpoints (issue 15;
+        ``export.kept.FP32_KEPT``);
   int8  dynamic int8 (per-channel symmetric weights, per-token activations) on every Linear of the
         encoder via the XNNPACK quantizer (torchao pt2e); the decoder stays fp32 (4.2 M parameters; its
         int8 lowering fails in XNNPACK's ChannelsLastTaggedReshapePass on the mask-input LayerNorm2d).

@@ -21,8 +21,6 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "executorch": {
         "fp16": {
             "decoder.pte (prompt encoder + mask decoder)": _DECODER_FP16,
-            "GELU (encoder MLPs)": "XNNPACK's fp16 GELU is an approximation (up to 15 % relative error); the "
-            "exact GELU runs on the portable kernel",
             "graph inputs and outputs": _IO,
         },
         "int8": {
