@@ -13,6 +13,7 @@ in fp16 at any scale, and the localization tool names the op that overflowed bef
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -22,16 +23,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sam2edge.checks.fidelity import click_set, end_to_end
-from sam2edge.checks.fidelity.checkpoints import range_stress, variant_state_dict
+from sam2edge.checks.fidelity.bars import BARS
+from sam2edge.checks.fidelity.checkpoints import TEST_SMALL_WIDE_DECODER, range_stress, variant_state_dict
 from sam2edge.checks.fidelity.localize import first_jump, op_errors
-from sam2edge.config import HIERA_TINY, TEST_SMALL
+from sam2edge.config import TEST_SMALL
 from sam2edge.model import UPSTREAM, Rewrites, build_sam2
 from sam2edge.model.layers import LayerNorm, LayerNorm2d
 from sam2edge.runtime.backends import EagerBackend
 from sam2edge.runtime.predictor import Sam2Predictor
 
-CHECKPOINTS = ("synthetic:1", "synthetic:2", "synthetic:0:range4")
-FP16_WORST, FP16_MEDIAN, INT8_WORST = 0.99, 0.999, 0.95
+CHECKPOINTS = ("synthetic:1", "synthetic:2", "synthetic:0:range4")  # int8 (test-small) and the real converters
+# fp16 in CI: test-small's encoder with the full decoder widths, where an all-fp16 decoder fails the median bar
+# (synthetic:3 0.9985, synthetic:1 0.9983, synthetic:3:range4 below 0.999 too: notes/issue-15.md)
+WIDE_CHECKPOINTS = ("synthetic:3", "synthetic:1", "synthetic:3:range4")
+FP16_WORST, FP16_MEDIAN, INT8_WORST = (
+    BARS["fp16"]["min_iou_worst"],
+    BARS["fp16"]["min_iou_median"],
+    BARS["int8"]["min_iou_worst"],
+)
+SOURCE = {"format": "synthetic", "sha256": None}
 
 
 @pytest.fixture(scope="module")
@@ -39,107 +49,92 @@ def clicks():
     return click_set(40)
 
 
-def _state(spec, cfg=TEST_SMALL):
-    return variant_state_dict(spec, cfg)
+class _Recorded:
+    """A backend that runs ``backend`` once per distinct input (shared by every target of one checkpoint)."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.name, self.cfg = backend, backend.name, backend.cfg
+        self._memo: dict[bytes, object] = {}
+
+    def _once(self, key: bytes, fn):
+        if key not in self._memo:
+            self._memo[key] = fn()
+        return self._memo[key]
+
+    def encode(self, image):
+        return self._once(b"e" + np.ascontiguousarray(image).tobytes(), lambda: self.backend.encode(image))
+
+    def decode(self, feats, coords, labels, mask_input):
+        key = b"".join(np.ascontiguousarray(a).tobytes() for a in (feats.image_embed[0, 0], coords, labels))
+        key += b"m" + (b"" if mask_input is None else np.ascontiguousarray(mask_input).tobytes())
+        return self._once(key, lambda: self.backend.decode(feats, coords, labels, mask_input))
 
 
-def _litert(sd, tmp, precision, cfg):
-    from sam2edge.export.litert import convert_graph, graphs
-    from sam2edge.runtime.litert_backend import DEFAULT_NUM_TOKENS, LiteRTBackend, write_tables
-    from sam2edge.runtime.prompts import prompt_tables
-
-    model = build_sam2(cfg, Rewrites())
-    model.load_state_dict(sd)
-    for name, (graph, kwargs) in graphs(model.eval(), DEFAULT_NUM_TOKENS).items():
-        convert_graph(graph, kwargs, tmp / name, precision)
-    write_tables(prompt_tables(model), tmp)
-    return LiteRTBackend(tmp, cfg, DEFAULT_NUM_TOKENS)
+@functools.cache
+def _reference(spec: str, cfg=TEST_SMALL_WIDE_DECODER):
+    sd = variant_state_dict(spec, cfg)
+    return sd, _Recorded(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
 
 
-def _onnx(sd, tmp, precision, cfg):
-    from sam2edge.export.onnx import ONNX_REWRITES, convert
-    from sam2edge.runtime.onnx_backend import OnnxBackend
+def _exported(spec, target, precision, tmp, cfg_name):
+    """The real export (converter, runtime and its own fidelity measurement: 40 clicks vs eager fp32)."""
+    from sam2edge.config import get_config
+    from sam2edge.export.pipeline import run_export
 
-    model = build_sam2(cfg, ONNX_REWRITES)
-    model.load_state_dict(sd)
-    files = convert(model.eval(), precision, tmp)
-    return OnnxBackend.from_files(files["encoder"], files["decoder"], cfg)
-
-
-def _executorch(sd, tmp, precision, cfg):
-    from sam2edge.export.executorch import build_model, lower_program
-    from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
-    from sam2edge.runtime.executorch_backend import MAX_POINTS, ExecuTorchBackend
-
-    model = build_model(sd, cfg, precision)
-    graphs = {
-        "encoder.pte": (XnnEncoderGraph(model), encoder_inputs(cfg)),
-        "decoder.pte": (XnnDecoderGraph(model), decoder_inputs(cfg, MAX_POINTS)),
-    }
-    for name, (graph, args) in graphs.items():
-        prog, _ = lower_program(graph.eval(), args, precision, name.split(".")[0])
-        (tmp / name).write_bytes(prog.buffer)
-    return ExecuTorchBackend(tmp, cfg)
+    sd = variant_state_dict(spec, get_config(cfg_name))
+    card = run_export(target, cfg_name, precision, tmp / "b", weights=(sd, {**SOURCE, "checkpoint": spec}), force=True)
+    return card["fidelity"]["end_to_end"]
 
 
-CONVERTERS = {"litert": _litert, "onnx": _onnx, "executorch": _executorch}
-
-
-def _end_to_end(spec, target, precision, tmp, clicks, cfg=TEST_SMALL):
-    sd = _state(spec, cfg)
-    test = CONVERTERS[target](sd, tmp, precision, cfg)
-    ref = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
-    return end_to_end(Sam2Predictor(ref), Sam2Predictor(test), clicks)
-
-
-def _emulated(spec, target, clicks):
+def _emulated(spec, target, clicks, cfg=TEST_SMALL_WIDE_DECODER):
     from sam2edge.export.precision import emulated_pair, int8_emulation
 
-    sd = _state(spec)
-    test = int8_emulation(sd, TEST_SMALL) if target == "int8" else emulated_pair(sd, TEST_SMALL, target)[1]
-    ref = EagerBackend.from_state_dict(sd, TEST_SMALL, UPSTREAM)
+    sd, ref = _reference(spec, cfg)
+    test = int8_emulation(sd, cfg) if target == "int8" else emulated_pair(sd, cfg, target)[1]
     return end_to_end(Sam2Predictor(ref), Sam2Predictor(test), clicks)
 
 
-@pytest.mark.parametrize("spec", CHECKPOINTS)
-@pytest.mark.parametrize("target", sorted(CONVERTERS))
+@pytest.mark.parametrize("spec", WIDE_CHECKPOINTS)
+@pytest.mark.parametrize("target", ["executorch", "litert", "onnx"])
 def test_fp16_graphs_hold_for_random_checkpoints(target, spec, clicks):
+    """Each target's fp16 arithmetic (``EMULATIONS``: ExecuTorch / ONNX fp16 encoder + fp32 decoder, LiteRT
+    fp16 weights) at full decoder width, 40 clicks vs eager fp32 upstream: the one bar table's fp16 bars."""
     r = _emulated(spec, target, clicks)
     assert r["iou_worst"] >= FP16_WORST and r["iou_median"] >= FP16_MEDIAN, (target, spec, r)
 
 
 @pytest.mark.parametrize("spec", CHECKPOINTS)
 def test_int8_graphs_hold_for_random_checkpoints(spec, clicks):
-    r = _emulated(spec, "int8", clicks)
+    r = _emulated(spec, "int8", clicks, TEST_SMALL)
     assert r["iou_worst"] >= INT8_WORST, (spec, r)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CHECKPOINTS)
-@pytest.mark.parametrize("target", sorted(CONVERTERS))
-def test_fp16_export_holds_for_random_checkpoints(target, spec, tmp_path, clicks):
-    r = _end_to_end(spec, target, "fp16", tmp_path, clicks)
+@pytest.mark.parametrize("target", ["executorch", "litert", "onnx"])
+def test_fp16_export_holds_for_random_checkpoints(target, spec, tmp_path):
+    r = _exported(spec, target, "fp16", tmp_path, "test-small")
     assert r["iou_worst"] >= FP16_WORST and r["iou_median"] >= FP16_MEDIAN, (target, spec, r)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CHECKPOINTS)
-def test_int8_export_holds_for_random_checkpoints(spec, tmp_path, clicks):
-    r = _end_to_end(spec, "executorch", "int8", tmp_path, clicks)
+def test_int8_export_holds_for_random_checkpoints(spec, tmp_path):
+    r = _exported(spec, "executorch", "int8", tmp_path, "test-small")
     assert r["iou_worst"] >= INT8_WORST, (spec, r)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CHECKPOINTS)
 @pytest.mark.parametrize("target", ["executorch", "onnx", "litert"])
-def test_fp16_export_holds_at_full_size(target, spec, tmp_path, clicks):
+def test_fp16_export_holds_at_full_size(target, spec, tmp_path):
     """Full size (1024 px, Hiera-Tiny widths); about 10 min per conversion on 2 cores."""
-    r = _end_to_end(spec, target, "fp16", tmp_path, clicks, HIERA_TINY)
+    r = _exported(spec, target, "fp16", tmp_path, "sam2.1-hiera-tiny")
     assert r["iou_worst"] >= FP16_WORST and r["iou_median"] >= FP16_MEDIAN, (target, spec, r)
 
 
 def test_range_stress_is_the_same_function_with_larger_ranges():
-    sd = _state("synthetic:1")
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
     image = torch.randn(1, 3, TEST_SMALL.image_size, TEST_SMALL.image_size)
     outs, peaks = [], []
     for s in (sd, range_stress(sd, 4.0)):
@@ -184,7 +179,7 @@ def test_localization_names_the_overflowing_layer_norm():
     """Before the fix: the decoder's 'safe' LayerNorm squared values beyond fp16's range; the op view finds it."""
     from sam2edge.export.executorch_graphs import XnnDecoderGraph, decoder_inputs
 
-    sd = {k: v * 4 for k, v in _state("synthetic:0").items()}  # large token ranges in the decoder
+    sd = {k: v * 4 for k, v in variant_state_dict("synthetic:0", TEST_SMALL).items()}  # large decoder ranges
     found = {}
     for ln in ("safe", "scaled"):
         model = build_sam2(TEST_SMALL, Rewrites(layer_norm=ln, transposed_conv="native", texture_limit=0))
@@ -211,3 +206,21 @@ def test_diagnose_cli_reports_layers(capsys):
     assert " :: aten." in out
     assert math.isfinite(float(out.split("worst ")[1].split()[0]))
     assert np.isfinite(1.0)
+
+
+def test_card_precision_section_shows_measured_iou_and_fp32_kept():
+    """The card of an int8 / fp16 bundle: the export's measured worst / median IoU against the one bar table,
+    and the parts its export kept in fp32 with why (card.json extra.fp32_kept); nothing for fp32."""
+    from sam2edge.cards.precision import precision_section
+    from sam2edge.export.kept import fp32_kept
+
+    fid = {"end_to_end": {"clicks": 40, "iou_worst": 0.9612, "iou_median": 0.99311}, "bars": BARS["int8"]}
+    card = {"precision": "int8", "extra": {"fp32_kept": fp32_kept("executorch", "int8")}}
+    text = "\n".join(precision_section(card, fid))
+    assert "| mask IoU worst | 0.96120 | >= 0.95 | pass |" in text and "median" not in text.split("Kept")[0]
+    assert "| decoder.pte (prompt encoder + mask decoder) | a click is not GEMM-bound" in text
+    fid16 = {"end_to_end": {"clicks": 40, "iou_worst": 0.9932, "iou_median": 0.9985}, "bars": BARS["fp16"]}
+    text = "\n".join(precision_section({"precision": "fp16", "extra": {}}, fid16))
+    assert "| mask IoU median | 0.99850 | >= 0.999 | FAIL |" in text and "not recorded" in text
+    assert precision_section({"precision": "fp32"}, fid) == []
+    assert fp32_kept("executorch", "fp16") and fp32_kept("onnx", "fp16") and not fp32_kept("litert", "fp32")

@@ -21,6 +21,7 @@ from sam2edge.bundle import CARD, FIDELITY, load_card, require_intact, rewrite_m
 from sam2edge.cards.chart import latency_chart
 from sam2edge.cards.evidence import CHART, README, RECORDS_DIR, find_bench_records, find_sweep_records, read_fidelity
 from sam2edge.cards.measured import browser, fidelity_section, gpu_delegate, performance, pitfalls
+from sam2edge.cards.precision import precision_section
 from sam2edge.cards.sections import artifacts, conversion, front_matter, header, inputs_outputs
 from sam2edge.cards.video import video_section
 from sam2edge.io import atomic_path
@@ -35,6 +36,7 @@ def render_markdown(card: dict, fid: dict, bench: list[dict], sweep: list[tuple[
         + artifacts(card)
         + inputs_outputs(card)
         + fidelity_section(fid)
+        + precision_section(card, fid)
         + gpu_delegate(fid)
         + video_section(card, fid)
         + performance(card, bench, chart)

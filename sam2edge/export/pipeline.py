@@ -34,6 +34,7 @@ from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend
 from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
+from sam2edge.export.kept import fp32_kept
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -245,6 +246,7 @@ def run_export(
                 extra={
                     **spec.extra(job),
                     **({"video": vid.extra(job)} if video else {}),
+                    **({"fp32_kept": fp32_kept(target, precision)} if fp32_kept(target, precision) else {}),
                     "stage_seconds": dict(stages.seconds),
                 },
             )

@@ -1,0 +1,57 @@
+"""What a reduced-precision export computes in fp32, and why (card.json ``extra.fp32_kept``; issue 15).
+
+``FP32_KEPT[target][precision]`` = {part kept in fp32: why}. The export pipeline copies the entry of its
+(target, precision) into card.json, so a bundle's card states what *its* export did (``sam2edge card
+render`` prints it next to the measured worst / median mask IoU). Evidence: notes/issue-15.md.
+"""
+
+from __future__ import annotations
+
+# the measured reason the fp16 decoders stay fp32 (sam2edge diagnose, test-small-wide-decoder, 40 clicks)
+_DECODER_FP16 = (
+    "in fp16 the two-way transformer loses ~1e-3 relative accuracy per stage (no overflow, no single op: "
+    "sam2edge diagnose finds none over 1e-2), which flips mask pixels near the boundary: median mask IoU "
+    "0.9985 < 0.999 at the full decoder width for checkpoint synthetic:3 (0.9996 with this decoder in fp32); "
+    "keeping only the mask head in fp32 did not help (0.9986), the transformer alone did (0.9991)"
+)
+_IO = "fp32 inputs and outputs, cast at the graph edges"
+_INT8_DECODER = "a click is not GEMM-bound (4.2 M parameters), so only the encoder is quantised"
+
+FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
+    "executorch": {
+        "fp16": {
+            "decoder.pte (prompt encoder + mask decoder)": _DECODER_FP16,
+            "graph inputs and outputs": _IO,
+        },
+        "int8": {
+            "decoder.pte (prompt encoder + mask decoder)": _INT8_DECODER + "; its int8 lowering also fails in "
+            "XNNPACK's ChannelsLastTaggedReshapePass",
+            "encoder outside the Linear layers": "dynamic int8 covers Linear layers only (XNNPACK quantizer)",
+        },
+    },
+    "onnx": {
+        "fp16": {
+            "decoder.onnx (prompt encoder + mask decoder)": _DECODER_FP16,
+            "graph inputs and outputs": _IO,
+        },
+        "int8": {
+            "decoder.onnx": _INT8_DECODER,
+            "encoder outside MatMul": "onnxruntime dynamic quantisation of MatMul only",
+        },
+    },
+    "litert": {
+        "fp16": {
+            "all activations (fp16 weights only)": "full_fp16_recipe stores weights in fp16 and the CPU kernels "
+            "compute in fp32; measured to hold (worst >= 0.9956, median >= 0.9993 at the full decoder width)",
+        },
+        "int8": {
+            "decoder": _INT8_DECODER,
+            "activations": "dynamic-range int8: int8 weights, activations quantised per call, fp32 elsewhere",
+        },
+    },
+}
+
+
+def fp32_kept(target: str, precision: str) -> dict[str, str]:
+    """{part kept in fp32: why} for an export of ``target`` at ``precision`` (empty: none recorded)."""
+    return dict(FP32_KEPT.get(target, {}).get(precision, {}))
