@@ -31,13 +31,10 @@ TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    """A TEST_SMALL fp32 LiteRT bundle from the real exporter (few fidelity clicks: that is issue 3's test)."""
-    from sam2edge.export.litert import export_litert
-
-    out = tmp_path_factory.mktemp("browser") / "bundle"
-    export_litert(TEST_SMALL, "test-small", None, "fp32", out, num_clicks=4)
-    return out
+def bundle(small_bundle) -> Path:
+    """A TEST_SMALL fp32 LiteRT bundle from the real exporter, the session's (``small_bundle``, shared with
+    tests/test_litert.py and tests/test_everything.py); the sweep writes its records under tmp_path."""
+    return small_bundle("litert")
 
 
 @pytest.fixture(scope="module")

@@ -243,10 +243,10 @@ def test_bundle_identity_follows_the_model_files():
     assert model_identity(card, TEST_SMALL, "onnx") != ident
 
 
-def test_onnx_bundle_store_gives_plain_segment_mask(photos, tmp_path, capsys):
-    """With a tiny exported bundle: embed, then `segment --model B --embeddings S` == `segment --model B`."""
-    bundle, out = tmp_path / "bundle", tmp_path / "store"
-    assert main(["export", "--target", "onnx", *SMALL, "--out", str(bundle)]) == 0
+def test_onnx_bundle_store_gives_plain_segment_mask(photos, small_bundle, tmp_path, capsys):
+    """With a tiny exported bundle (the session's): embed, then `segment --model B --embeddings S` ==
+    `segment --model B`."""
+    bundle, out = small_bundle("onnx"), tmp_path / "store"
     assert main(["embed", str(photos / "rocket.jpg"), "--model", str(bundle), "--out", str(out), "--quiet"]) == 0
     assert json.loads((out / MARKER).read_text())["model"]["kind"] == "bundle"
     photo, model = photos / "rocket.jpg", ["--model", str(bundle)]

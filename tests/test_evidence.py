@@ -281,12 +281,10 @@ def _artifact_shas(bundle: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    mp = pytest.MonkeyPatch()
-    try:
-        return _export(TARGET, tmp_path_factory.mktemp("export1"), mp)
-    finally:
-        mp.undo()
+def exported(small_bundle) -> Path:
+    """The session's ``sam2edge export --target TARGET --config test-small --precision fp32 --out ABSOLUTE``
+    (``small_bundle``); every test here copies it before writing."""
+    return small_bundle(TARGET)
 
 
 def test_reexport_is_byte_identical(exported: Path, tmp_path: Path, monkeypatch) -> None:

@@ -1,6 +1,7 @@
 """LiteRT export, graph lint and LiteRT backend (small config; one conversion per session).
 
-The bundle is exported once through the CLI (``sam2edge export --target litert --config test-small``);
+The bundle is exported once per session through the CLI (``sam2edge export --target litert --config test-small``,
+the session fixture ``small_bundle``);
 parity is measured against the eager model with upstream's operations on a real photo.
 """
 
@@ -35,11 +36,10 @@ K = 8  # default token slots
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("litert") / "bundle"
-    rc = main(["export", "--target", "litert", "--config", "test-small", "--precision", "fp32", "--out", str(out)])
-    assert rc == 0
-    return out
+def bundle(small_bundle) -> Path:
+    """``sam2edge export --target litert --config test-small --precision fp32``, once per session (shared
+    with tests/test_everything.py); no test here writes into it."""
+    return small_bundle("litert")
 
 
 @pytest.fixture(scope="module")

@@ -36,10 +36,10 @@ def sd():
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory, sd):
-    out = tmp_path_factory.mktemp("onnx") / "fp32"
-    export_onnx(sd, SOURCE, TEST_SMALL, "test-small", "fp32", out, "test", clicks=5)
-    return out
+def bundle(small_bundle):
+    """``sam2edge export --target onnx --config test-small --precision fp32`` (the synthetic weights, ``sd``),
+    once per session (shared with tests/test_everything.py); no test here writes into it."""
+    return small_bundle("onnx")
 
 
 @pytest.fixture(scope="module")

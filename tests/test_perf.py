@@ -25,12 +25,9 @@ SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
 
 
 @pytest.fixture(scope="module")
-def onnx_bundle(tmp_path_factory):
-    from sam2edge.export.onnx import export_onnx
-
-    out = tmp_path_factory.mktemp("perf") / "onnx"
-    export_onnx(synthetic_state_dict(TEST_SMALL), SOURCE, TEST_SMALL, "test-small", "fp32", out, "test", clicks=5)
-    return out
+def onnx_bundle(small_bundle):
+    """The session's test-small fp32 ONNX bundle (synthetic weights); bench reads it, records go elsewhere."""
+    return small_bundle("onnx")
 
 
 def test_profile_command_names_op_types(onnx_bundle: Path, tmp_path: Path, capsys) -> None:

@@ -215,14 +215,17 @@ def finalize_bundle(
         "extra": extra or {},
     }
     write_json(folder / CARD, card)
-    write_manifest(folder)
+    write_manifest(folder, known={a["file"]: {"sha256": a["sha256"], "bytes": a["bytes"]} for a in arts})
     return card
 
 
-def _manifest_files(folder: Path, overrides: dict[str, Path] | None = None) -> dict[str, dict]:
+def _manifest_files(
+    folder: Path, overrides: dict[str, Path] | None = None, known: dict[str, dict] | None = None
+) -> dict[str, dict]:
     """name -> {sha256, bytes} of every file under ``folder`` but the manifest (and staged ``.*.new`` files);
-    ``overrides`` maps a top-level name to the staged file that will replace it."""
-    overrides = overrides or {}
+    ``overrides`` maps a top-level name to the staged file that will replace it; ``known``: entries just
+    hashed by the caller (``finalize_bundle``'s artifacts), not hashed again."""
+    overrides, known = overrides or {}, known or {}
     names = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
     names.update(overrides)
     files = {}
@@ -230,15 +233,17 @@ def _manifest_files(folder: Path, overrides: dict[str, Path] | None = None) -> d
         p = names[rel]
         if rel == MANIFEST or (rel.startswith(".") and rel.endswith(".new")):
             continue
-        files[rel] = {"sha256": sha256_bytes(p), "bytes": p.stat().st_size}
+        entry = None if rel in overrides else known.get(rel)
+        files[rel] = entry or {"sha256": sha256_bytes(p), "bytes": p.stat().st_size}
     return files
 
 
-def write_manifest(folder: Path) -> dict:
+def write_manifest(folder: Path, known: dict[str, dict] | None = None) -> dict:
     """manifest.json: every file under ``folder`` (but the manifest) with SHA-256 and size (fresh bundles
-    only; an existing bundle is rewritten through ``rewrite_metadata``)."""
+    only; an existing bundle is rewritten through ``rewrite_metadata``). ``known``: name -> {sha256, bytes}
+    already computed for a file as it is now."""
     folder = Path(folder)
-    manifest = {"files": _manifest_files(folder)}
+    manifest = {"files": _manifest_files(folder, known=known)}
     write_json(folder / MANIFEST, manifest)
     return manifest
 

@@ -45,7 +45,7 @@ from sam2edge.export.wrappers import (
     MaskEncoderGraph,
     TokenDecoderGraph,
 )
-from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import stage
 from sam2edge.runtime.backends import EagerBackend
 from sam2edge.runtime.litert_backend import (
@@ -167,9 +167,8 @@ def rewrite_vs_upstream(ctx) -> dict:
     """The graphs' own model (``Rewrites()``, eager) vs upstream's operations: per output, on real photos."""
     from sam2edge.checks.fidelity.measure import CachedEncoder, compare_outputs
 
-    ref = CachedEncoder(EagerBackend.from_state_dict(ctx.sd, ctx.cfg, UPSTREAM))
     prompts = sorted(click_set(REWRITE_CLICKS), key=lambda p: p.photo)
-    return compare_outputs(ref, CachedEncoder(EagerBackend(ctx.model)), prompts)
+    return compare_outputs(ctx.reference(), CachedEncoder(EagerBackend(ctx.model)), prompts)
 
 
 def _io_extra(reports: dict[str, LintReport]) -> dict:
@@ -223,12 +222,13 @@ def _backend(job) -> LiteRTBackend:
 
 def gpu_decoder_fidelity(job) -> dict:
     """The GPU decoder (``decoder.tflite``) measured like the bundle (which runs ``decoder_cpu.tflite`` on
-    this CPU runtime): same measurement, same bars; its failures fail the bundle."""
+    this CPU runtime): same measurement, same bars; its failures fail the bundle. The eager reference and
+    ``encoder.tflite``'s outputs are the job's (``Job.reference``, ``Job.tested``): computed once for both
+    measurements, so this one costs the GPU decoder's decodes only."""
     from sam2edge.checks.fidelity.measure import measure_backend
 
-    ref = EagerBackend.from_state_dict(job.sd, job.cfg, UPSTREAM)
-    gpu = LiteRTBackend(job.folder, job.cfg, _tokens(job), decoder=DECODER_FILE)
-    m = measure_backend(ref, gpu, job.precision, clicks=job.clicks)
+    gpu = job.tested(LiteRTBackend(job.folder, job.cfg, _tokens(job), decoder=DECODER_FILE))
+    m = measure_backend(job.reference(), gpu, job.precision, clicks=job.clicks)
     fails = [f"{DECODER_FILE} (GPU decoder, run on the CPU): {f}" for f in m["failures"]]
     return {"decoder": DECODER_FILE, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
 

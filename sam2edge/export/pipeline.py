@@ -30,7 +30,7 @@ from pathlib import Path
 from torch import nn
 
 from sam2edge.bundle import CARD, finalize_bundle, validate_fidelity
-from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend
+from sam2edge.checks.fidelity.measure import MIN_CLICKS, CachedEncoder, CachedReference, measure_backend
 from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
@@ -72,6 +72,19 @@ class Job:
     checks: dict[str, dict] = field(default_factory=dict)  # check name -> result
     state: dict = field(default_factory=dict)  # anything a target keeps between its steps
     vcfg: Sam2VideoConfig | None = None  # --video: the memory path's config (None: image graphs only)
+    measured: dict = field(default_factory=dict)  # shared by the job's measurements (reference, tested)
+
+    def reference(self) -> CachedReference:
+        """THE eager fp32 reference (upstream's operations) of this export: every measurement of the job
+        (target checks and the fidelity stage) shares its encodes and decodes, computed once."""
+        if "reference" not in self.measured:
+            self.measured["reference"] = CachedReference(EagerBackend.from_state_dict(self.sd, self.cfg, UPSTREAM))
+        return self.measured["reference"]
+
+    def tested(self, backend) -> CachedEncoder:
+        """``backend`` over this job's staged encoder graph, with the job's one cache of its encoder outputs
+        (a bundle measured with two decoders encodes each photo once)."""
+        return CachedEncoder(backend, self.measured.setdefault("encodes", {}))
 
     @property
     def precision_label(self) -> str:
@@ -141,11 +154,11 @@ def check_request(target: str, precision: str) -> Target:
 
 
 def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
-    ref = EagerBackend.from_state_dict(job.sd, job.cfg, UPSTREAM)
     if spec.measure is not None:
-        fidelity = spec.measure(job, ref)
+        fidelity = spec.measure(job, job.reference().backend)
     else:
-        fidelity = measure_backend(ref, spec.open_backend(job), job.precision, clicks=job.clicks, bars=bars)
+        test = job.tested(spec.open_backend(job))
+        fidelity = measure_backend(job.reference(), test, job.precision, clicks=job.clicks, bars=bars)
     if job.vcfg is not None:
         stage(f"video fidelity: a {vid.CLIP_NOTE} vs eager fp32")
         fidelity["video"] = vid.measure(job, spec.open_backend(job), bars)

@@ -39,11 +39,17 @@ MIN_CLICKS = 40
 
 
 class CachedEncoder:
-    """A backend whose ``encode`` remembers results by input bytes, so a photo is encoded once."""
+    """A backend whose ``encode`` remembers results by input bytes, so a photo is encoded once.
 
-    def __init__(self, backend) -> None:
+    ``cache``: a dict shared with other wrappers of backends that run the *same encoder graph* (e.g. a
+    LiteRT bundle measured with its CPU decoder and with its GPU decoder), so the photo is encoded once per
+    export. Wrapping a ``CachedEncoder`` again shares its backend and cache."""
+
+    def __init__(self, backend, cache: dict | None = None) -> None:
+        if isinstance(backend, CachedEncoder):
+            backend, cache = backend.backend, backend._cache if cache is None else cache
         self.backend, self.name, self.cfg = backend, backend.name, backend.cfg
-        self._cache: dict[str, Features] = {}
+        self._cache: dict[str, Features] = {} if cache is None else cache
 
     def encode(self, image: np.ndarray) -> Features:
         key = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest()
@@ -53,6 +59,27 @@ class CachedEncoder:
 
     def decode(self, feats: Features, coords, labels, mask_input) -> Decoded:
         return self.backend.decode(feats, coords, labels, mask_input)
+
+
+class CachedReference(CachedEncoder):
+    """The eager reference of one export, shared by all its measurements: encodes *and* decodes are
+    remembered, a decode by (the cached features it was given, prompt bytes, mask-input bytes). Features
+    that this wrapper did not return are decoded afresh. Results are returned as computed (not copied);
+    no consumer writes into them."""
+
+    def __init__(self, backend) -> None:
+        super().__init__(backend)
+        self._decoded: dict[tuple, Decoded] = {}
+
+    def decode(self, feats: Features, coords, labels, mask_input) -> Decoded:
+        owned = next((k for k, f in self._cache.items() if f is feats), None)
+        if owned is None:
+            return self.backend.decode(feats, coords, labels, mask_input)
+        arrays = [np.ascontiguousarray(a) for a in (coords, labels, mask_input) if a is not None]
+        key = (owned, mask_input is None, *((a.dtype.str, a.shape, a.tobytes()) for a in arrays))
+        if key not in self._decoded:
+            self._decoded[key] = self.backend.decode(feats, coords, labels, mask_input)
+        return self._decoded[key]
 
 
 def model_prompt(p: Prompt, hw: tuple[int, int], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +163,7 @@ def measure_backend(
     """``test`` (any backend) vs ``ref`` (eager fp32, upstream's operations) -> {reference, outputs,
     end_to_end, bars, passed, failures}. ``bars`` overrides the precision's bars key by key;
     ``provenance`` = (reference, test) predictor provenance."""
-    ref, test = CachedEncoder(ref), CachedEncoder(test)
+    ref, test = CachedEncoder(ref) if not isinstance(ref, CachedEncoder) else ref, CachedEncoder(test)
     prompts = sorted(click_set(clicks), key=lambda p: p.photo)
     mask_encoder = (
         (test.backend.encode_mask, _eager_mask_encoder(ref)) if hasattr(test.backend, "encode_mask") else None

@@ -127,13 +127,13 @@ def cached_summary(path: Path) -> tuple[dict, str, bool]:
     checked (same SHA-256, LiteRT version and bars), else checked now and remembered."""
     from sam2edge.checks.gpu import cache
 
-    key = cache.cache_key(path, BARS)
-    hit = cache.load(key)
+    key = cache.cache_key(path, BARS) if cache.cache_dir() is not None else None  # off: no SHA-256 to take
+    hit = cache.load(key) if key is not None else None
     if hit is not None:
         return hit["summary"], hit["device"], True
     r = check_file(path)
     summary, device = summarize(r), r.residency.device
-    if summary["verdict"] in CACHEABLE:
+    if key is not None and summary["verdict"] in CACHEABLE:
         cache.store(key, summary, device)
     return summary, device, False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,16 @@ def photo_path(name: str) -> Path:
     return Path(skimage.__file__).parent / "data" / name
 
 
-def photo(name: str) -> np.ndarray:
+@functools.lru_cache(maxsize=16)
+def _decoded(name: str) -> np.ndarray:
     from sam2edge.runtime.preprocess import load_image
 
-    return load_image(photo_path(name))
+    img = load_image(photo_path(name))
+    img.setflags(write=False)
+    return img
+
+
+def photo(name: str) -> np.ndarray:
+    """HxWx3 uint8 RGB; decoded once per process (an export's measurements read each photo many times),
+    a fresh writable copy per call."""
+    return _decoded(name).copy()
