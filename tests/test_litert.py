@@ -35,11 +35,10 @@ K = 8  # default token slots
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("litert") / "bundle"
-    rc = main(["export", "--target", "litert", "--config", "test-small", "--precision", "fp32", "--out", str(out)])
-    assert rc == 0
-    return out
+def bundle(small_bundle) -> Path:
+    """The session's test-small fp32 LiteRT bundle (``sam2edge export --target litert --config test-small``,
+    conftest ``small_bundle``: exported once, shared with tests/test_everything.py); tests only read it."""
+    return small_bundle("litert")
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,26 @@ import torch
 from sam2edge.checks.fidelity.bars import BARS
 from sam2edge.checks.fidelity.measure import MIN_CLICKS
 from sam2edge.config import Sam2Config
+from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
-from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
+from sam2edge.export.executorch_graphs import (
+    XnnBatchedDecoderGraph,
+    XnnDecoderGraph,
+    XnnEncoderGraph,
+    batched_decoder_inputs,
+    decoder_inputs,
+    encoder_inputs,
+)
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.runtime.executorch_backend import DECODER_FILE, ENCODER_FILE, MAX_POINTS, ExecuTorchBackend
+from sam2edge.runtime.executorch_backend import (
+    BATCHED_DECODER_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    MAX_POINTS,
+    ExecuTorchBackend,
+)
 
 REWRITES = Rewrites(transposed_conv="native", texture_limit=0)  # XNNPACK: no texture limits
 FP32_COSINE = BARS["fp32"]["min_cosine"]
@@ -129,10 +143,10 @@ OUTSIDE_WHY = {
 
 
 def outside_why(census: dict) -> dict[str, dict[str, str]]:
-    """Program -> operator outside the delegate -> why, for the video programs."""
+    """Program -> operator outside the delegate -> why, for the video programs and the batched decoder."""
     from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
-    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()}
+    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()} | {BATCHED_DECODER_FILE.split(".")[0]}
     unknown = "not claimed by XnnpackPartitioner (reason not investigated)"
     return {
         f: {op: OUTSIDE_WHY.get(op, unknown) for op in c["outside_delegate"]}
@@ -145,7 +159,18 @@ def _graphs(job) -> dict:
     return {
         ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
         DECODER_FILE: ("decoder", XnnDecoderGraph(job.model), decoder_inputs(job.cfg, MAX_POINTS)),
+        BATCHED_DECODER_FILE: (
+            "decoder-batched",
+            XnnBatchedDecoderGraph(job.model, bat.batch_size(job)),
+            batched_decoder_inputs(job.cfg, bat.batch_size(job)),
+        ),
     }
+
+
+def _backend(job) -> ExecuTorchBackend:
+    """The staged bundle's backend, with the batched decoder when the job wrote it."""
+    batched = BATCHED_DECODER_FILE if BATCHED_DECODER_FILE in job.files else None
+    return ExecuTorchBackend(job.folder, job.cfg, batched=batched)
 
 
 def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
@@ -185,6 +210,7 @@ def size_check(job) -> dict:
 def _extra(job) -> dict:
     return {
         "max_points": MAX_POINTS,
+        "batch": bat.batch_size(job),  # prompts per call of decoder_batched.pte
         "delegation": job.state["census"],
         "outside_delegate_why": outside_why(job.state["census"]),
         "sizes": job.state["sizes"],
@@ -247,10 +273,10 @@ SPEC = TargetSpec(
     rewrites=REWRITES,
     graphs=_graphs,
     convert=_convert,
-    open_backend=lambda job: ExecuTorchBackend(job.folder, job.cfg),
+    open_backend=_backend,
     extra=_extra,
     summary=summary,
     model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
-    checks={"size": size_check},
+    checks={"size": size_check, "batched_decoder": lambda job: bat.check_batched(job, _backend(job))},
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

@@ -280,10 +280,9 @@ def _graphs(job) -> dict:
 
 
 def _batched(job) -> dict:
-    """fp32 / int8 (fp32 decoder): the batched decoder; fp16 has none yet (single decodes, notes/issue-20.md)."""
-    if job.precision == "fp16":
-        return {}
-    graph, b = bat.BatchedPointDecoderGraph(job.model, bat.batch_size(job)), bat.batch_size(job)
+    """The batched decoder: fp32 (int8: the decoders stay fp32), or the mask decoder in fp16 for fp16."""
+    cls = bat.HalfBatchedPointDecoderGraph if job.precision == "fp16" else bat.BatchedPointDecoderGraph
+    graph, b = cls(job.model, bat.batch_size(job)), bat.batch_size(job)
     return {ob.BATCHED_DECODER_FILE: ("decoder-batched", graph, bat.point_sample_args(job.model, b))}
 
 
