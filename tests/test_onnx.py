@@ -199,11 +199,14 @@ def test_cli_exit_2(bundle, tmp_path, capsys):
 
 
 def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
-    """fp16 bundle: fp16 weights, fp32 I/O, smaller files, masks within the IoU bar of eager fp32."""
+    """fp16 bundle: fp16 weights, fp32 I/O, smaller files, masks within the IoU bar of eager fp32; its batched
+    decoder (mask decoder fp16, prompt encoder fp32) equals its single decodes within the fp16 bar."""
     out = tmp_path / "fp16"
     card = export_onnx(sd, SOURCE, TEST_SMALL, "test-small", "fp16", out, "test", clicks=5)
     assert card["status"] == "shippable" and card["fidelity"]["end_to_end"]["iou_worst"] >= 0.99
-    for name in ("encoder.onnx", "decoder.onnx"):
+    batched = card["fidelity"]["checks"]["batched_decoder"]  # fp16 ships the batched decoder too, checked
+    assert batched["prompts"] == batched["batch"] + 3 and not batched["failures"] and batched["mask_iou_worst"] >= 0.99
+    for name in ("encoder.onnx", "decoder.onnx", "decoder_batched.onnx"):
         m = onnx.load(str(out / name))
         floats = [t for t in m.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
         half = sum(np.prod(t.dims) for t in floats if t.data_type == onnx.TensorProto.FLOAT16)

@@ -121,10 +121,24 @@ def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# operator left outside XNNPACK in a video program -> why (card.json extra.outside_delegate_why)
+# operator left outside XNNPACK in a video program or the batched decoder -> why (card.json
+# extra.outside_delegate_why); the batched decoder's entries were read off its lowered graph at test-small
 OUTSIDE_WHY = {
-    "eq": "comparison (slot index one-hot): XNNPACK has no comparison operators",
-    "gt": "comparison (object present / binarise mask > 0): XNNPACK has no comparison operators",
+    "eq": "comparison (slot index / label one-hot, label == -1 pad, candidate IoU == max): XNNPACK has no "
+    "comparison operators",
+    "ne": "comparison (label != -2: ignored prompt slot): XNNPACK has no comparison operators",
+    "gt": "comparison (object present / binarise mask > 0 / stability counts logits > +-delta, union > 0): "
+    "XNNPACK has no comparison operators",
+    "ge": "comparison (stability >= threshold, SAM 2.1's single-mask choice): XNNPACK has no comparison operators",
+    "bitwise_and": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_or": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_not": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "where": "select on a comparison (pad-point token, stability of an empty union, stable single mask vs best "
+    "candidate): XNNPACK has no select operator",
+    "max": "max.dim (values and indices) over the candidates' IoU (B, 3) for the single-mask choice, not claimed "
+    "by XnnpackPartitioner",
+    "cat": "concatenations XNNPACK cannot take: the tie break's boolean one-hot columns (bool tensors) and the "
+    "decoder's output tokens repeated to B rows (B inputs; its concatenate takes a few)",
     "dim_order_ops": "dtype cast of a comparison result (bool -> float), a portable copy",
     "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
     "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
@@ -132,8 +146,10 @@ OUTSIDE_WHY = {
     "mm": "small matmuls the partitioner leaves out: outer products with ones (slot masks and pointer encodings "
     "repeated, contraction 1) and one-hot (K, T) @ temporal encodings (T, M)",
     "full": "the ones of those outer products, a portable fill",
-    "expand_copy": "broadcast of a (1, 1, C) token or bias to its batch, a portable copy",
-    "full_like": "constant tensor for the no-mask / ignored-slot branch, a portable fill",
+    "expand_copy": "broadcast of a (1, 1, C) token or bias, or of the output tokens' valid flags, to its batch, "
+    "a portable copy",
+    "full_like": "constant tensor (no-mask / ignored-slot branch, output tokens' valid flags, tie-break start, "
+    "stability of an empty union), a portable fill",
     "alias_copy": "view between delegate partitions (no arithmetic)",
     "squeeze_copy": "view between delegate partitions (no arithmetic)",
     "unsqueeze_copy": "view between delegate partitions (no arithmetic)",
