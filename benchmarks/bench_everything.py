@@ -2,12 +2,13 @@
 
 Times ``generate(photo)`` (image encoding included, upstream's default filters) for a points-per-side^2
 grid on a real photo: upstream eager (Meta ``sam2``, torchvision stand-ins from tests/amg_oracle.py),
-sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a LiteRT
-bundle with ``decoder_batched.tflite`` runs B prompts per call, any other bundle one prompt per call).
+sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a bundle with a
+batched decoder, card role decoder-batched, runs B prompts per call, an older bundle one prompt per call).
 Prints median seconds of --runs, mask counts and the ratio to upstream; --out writes the records as JSON.
 
   .venv/bin/python benchmarks/bench_everything.py [--config sam2.1-hiera-tiny] [--points-per-side 32]
-      [--bundle out/litert --bundle out/onnx] [--export onnx --export litert] [--photo astronaut.png] [--runs 3]
+      [--bundle out/litert --bundle out/onnx] [--export onnx --export litert --export executorch]
+      [--photo astronaut.png] [--runs 3]
       [--threads 2] [--out x.json]
 --export TARGET exports the benchmark's own weights to TARGET with the batched decoder graph (B = --points-per-batch)
 into --workdir and times that bundle too (same weights as upstream, so the mask counts must agree).
@@ -31,7 +32,6 @@ from amg_oracle import install_torchvision_ops, upstream_generator  # noqa: E402
 from oracles import meta_image_path  # noqa: E402
 
 from sam2edge.checks.fidelity import photo  # noqa: E402
-from sam2edge.cli.main import main as cli  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
 from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
 from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
@@ -50,29 +50,13 @@ def timed(generate, image, runs: int) -> tuple[float, int]:
 
 
 def export_with_batched(target: str, sd: dict, config: str, batch: int, folder: Path) -> Path:
-    """A fp32 bundle of ``sd`` (``sam2edge export``) plus its batched decoder graph (B = ``batch``)."""
-    from sam2edge.export import batched
-    from sam2edge.model import Rewrites, build_sam2
+    """A fp32 bundle of ``sd`` with its batched decoder graph (B = ``batch``), through the one export pipeline
+    (``run_export(options={"batch": B})``: card role decoder-batched, checked at export)."""
+    from sam2edge.export.pipeline import run_export
 
     ck, out = folder / "weights.pt", folder / f"bundle-{target}"
     torch.save({"model": sd}, ck)
-    argv = ["export", "--target", target, "--config", config, "--precision", "fp32", "--checkpoint", str(ck)]
-    if cli([*argv, "--out", str(out)]) != 0:
-        raise SystemExit(f"export of {target} failed")
-    if target == "onnx":
-        from sam2edge.export.onnx import ONNX_REWRITES
-
-        model = build_sam2(CONFIGS[config], ONNX_REWRITES)
-        model.load_state_dict(sd)
-        batched.export_onnx(model, out / "decoder_batched.onnx", batch)
-    else:
-        from sam2edge.export.litert import NamedOutputs, convert_graph
-        from sam2edge.export.wrappers import DECODER_OUTPUTS
-
-        model = build_sam2(CONFIGS[config], Rewrites())
-        model.load_state_dict(sd)
-        graph = NamedOutputs(batched.BatchedTokenDecoderGraph(model, batch), DECODER_OUTPUTS)
-        convert_graph(graph, batched.sample_inputs(model, batch), out / batched.BATCHED_DECODER_FILE, "fp32")
+    run_export(target, config, "fp32", out, checkpoint=str(ck), options={"batch": batch})
     return out
 
 
@@ -86,7 +70,7 @@ def main() -> None:
         "--export",
         action="append",
         default=[],
-        choices=["onnx", "litert"],
+        choices=["onnx", "litert", "executorch"],
         help="export a bundle of the benchmark's weights with its batched decoder (B = --points-per-batch) and time it",
     )
     ap.add_argument(

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from amg_oracle import reference_nms, upstream_generator
+from amg_oracle import confident_, reference_nms, upstream_generator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import meta_image_path
@@ -44,16 +44,6 @@ CASES = {  # name -> generator kwargs (all at an 8x8 grid unless given)
     "crops-defaults": dict(crop_n_layers=1, points_per_side=4),
     "m2m": dict(OPEN, use_m2m=True, points_per_side=4),
 }
-
-
-def confident_(path):
-    """Sharp mask logits and IoU predictions around 0.8 (see module docstring); same weights both sides."""
-    with torch.no_grad():
-        for mlp in path.sam_mask_decoder.output_hypernetworks_mlps:
-            mlp.layers[-1].weight.mul_(3000.0)
-            mlp.layers[-1].bias.mul_(3000.0)
-        path.sam_mask_decoder.iou_prediction_head.layers[-1].bias.add_(1.5)
-    return path
 
 
 def mask_of(record: dict) -> np.ndarray:
