@@ -2,12 +2,13 @@
 
 Times ``generate(photo)`` (image encoding included, upstream's default filters) for a points-per-side^2
 grid on a real photo: upstream eager (Meta ``sam2``, torchvision stand-ins from tests/amg_oracle.py),
-sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a LiteRT
-bundle with ``decoder_batched.tflite`` runs B prompts per call, any other bundle one prompt per call).
+sam2edge eager (same weights, batched decoder), and each ``--bundle`` given (its own weights; a bundle with a
+batched decoder, card role decoder-batched, runs B prompts per call, an older bundle one prompt per call).
 Prints median seconds of --runs, mask counts and the ratio to upstream; --out writes the records as JSON.
 
   .venv/bin/python benchmarks/bench_everything.py [--config sam2.1-hiera-tiny] [--points-per-side 32]
-      [--bundle out/litert --bundle out/onnx] [--export onnx --export litert] [--photo astronaut.png] [--runs 3]
+      [--bundle out/litert --bundle out/onnx] [--export onnx --export litert --export executorch]
+      [--photo astronaut.png] [--runs 3]
       [--threads 2] [--out x.json]
 --export TARGET exports the benchmark's own weights to TARGET with the batched decoder graph (B = --points-per-batch)
 into --workdir and times that bundle too (same weights as upstream, so the mask counts must agree).
@@ -32,9 +33,7 @@ from amg_oracle import install_torchvision_ops, upstream_generator  # noqa: E402
 from oracles import meta_image_path  # noqa: E402
 
 from sam2edge.checks.fidelity import photo  # noqa: E402
-from sam2edge.cli.main import main as cli  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
-from sam2edge.export.batched import BATCH  # noqa: E402
 from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
 from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
 from sam2edge.runtime.backends import EagerBackend  # noqa: E402
@@ -57,18 +56,17 @@ def timed_interleaved(runners: dict, image, runs: int) -> list[dict]:
 
 
 def export_with_batched(target: str, sd: dict, config: str, batch: int, folder: Path) -> Path:
-    """A fp32 bundle of ``sd`` through ``sam2edge export`` (which writes the batched decoder graph where the
-    target has one; the GPU check is skipped: not what this benchmark measures)."""
-    if batch != BATCH:
-        raise SystemExit(f"the export's batched decoder takes B = {BATCH} prompts; use --points-per-batch {BATCH}")
-    ck, out = folder / f"weights-{config}.pt", folder / f"bundle-{config}-{target}"
+    """A fp32 bundle of ``sd`` with its batched decoder graph (B = ``batch``), through the one export pipeline
+    (``run_export(options={"batch": B})``: card role decoder-batched, checked at export). The LiteRT GPU check is
+    skipped (not what this benchmark measures); a bundle an earlier run left in ``folder`` is reused."""
+    from sam2edge.export.pipeline import run_export
+
+    ck, out = folder / f"weights-{config}.pt", folder / f"bundle-{config}-{target}-b{batch}"
     if (out / "card.json").exists():  # exported by an earlier run with this --workdir (the weights are seeded)
         return out
     torch.save({"model": sd}, ck)
-    argv = ["export", "--target", target, "--config", config, "--precision", "fp32", "--checkpoint", str(ck)]
-    argv += ["--gpu-check", "skip"] if target == "litert" else []
-    if cli([*argv, "--out", str(out)]) != 0:
-        raise SystemExit(f"export of {target} failed")
+    options = {"batch": batch, **({"gpu_check": "skip"} if target == "litert" else {})}
+    run_export(target, config, "fp32", out, checkpoint=str(ck), options=options)
     return out
 
 

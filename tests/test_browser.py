@@ -32,8 +32,8 @@ TIMEOUT_MS = 120_000
 
 @pytest.fixture(scope="module")
 def bundle(small_bundle) -> Path:
-    """A TEST_SMALL fp32 LiteRT bundle from the real exporter, the session's (``small_bundle``, shared with
-    tests/test_litert.py and tests/test_everything.py); the sweep writes its records under tmp_path."""
+    """The session's TEST_SMALL fp32 LiteRT bundle from the real exporter (conftest ``small_bundle``, shared with
+    tests/test_litert.py and tests/test_everything.py; read only here)."""
     return small_bundle("litert")
 
 
@@ -184,6 +184,25 @@ def test_server_fallback_says_so_and_matches(browser, server, predictor):
         pts = page.evaluate("window.sam2edge.points")
         want = reference_mask(predictor, np.array([[pts[0]["x"], pts[0]["y"]]], np.float32), np.array([1]))
         assert mask_iou(drawn_mask(page), want) >= 0.99
+    finally:
+        page.close()
+
+
+def test_segment_everything_button(browser, server, predictor):
+    """The bundle has the batched decoder, so the page shows "Segment everything"; a click shows the server's
+    overlay in place of the photo and the mask count of the Python generator on the same bundle and grid."""
+    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+
+    page, _ = open_page(browser, server, "?everything_side=4")
+    try:
+        assert page.is_visible("#everything")
+        plain = page.evaluate("document.getElementById('photo').src")
+        page.click("#everything")
+        page.wait_for_function("window.sam2edge.everything && !window.sam2edge.busy", timeout=TIMEOUT_MS)
+        want = Sam2AutomaticMaskGenerator(predictor, points_per_side=4).generate(photo(PHOTO))
+        assert page.evaluate("window.sam2edge.everything.masks") == len(want)
+        assert page.evaluate("document.getElementById('photo').src") != plain
+        assert "segment everything:" in page.inner_text("#status")
     finally:
         page.close()
 

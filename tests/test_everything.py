@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from amg_oracle import reference_nms, upstream_generator
+from amg_oracle import confident_, reference_nms, upstream_generator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles import meta_image_path
@@ -44,16 +44,6 @@ CASES = {  # name -> generator kwargs (all at an 8x8 grid unless given)
     "crops-defaults": dict(crop_n_layers=1, points_per_side=4),
     "m2m": dict(OPEN, use_m2m=True, points_per_side=4),
 }
-
-
-def confident_(path):
-    """Sharp mask logits and IoU predictions around 0.8 (see module docstring); same weights both sides."""
-    with torch.no_grad():
-        for mlp in path.sam_mask_decoder.output_hypernetworks_mlps:
-            mlp.layers[-1].weight.mul_(3000.0)
-            mlp.layers[-1].bias.mul_(3000.0)
-        path.sam_mask_decoder.iou_prediction_head.layers[-1].bias.add_(1.5)
-    return path
 
 
 def mask_of(record: dict) -> np.ndarray:
@@ -249,12 +239,26 @@ def test_cli_everything(small_bundle, tmp_path, capsys):
     assert "is the input" in err and "does not exist" in err
 
 
-# ---- batched decoder graph (LiteRT) --------------------------------------------------------------
+# ---- batched decoder graph, every target -----------------------------------------------------------
+BATCHED_FILES = {
+    "litert": "decoder_batched.tflite",
+    "onnx": "decoder_batched.onnx",
+    "executorch": "decoder_batched.pte",
+}
+NEEDS = {"litert": "litert_torch", "onnx": "onnxruntime", "executorch": "executorch"}
+
+
+def target_bundle(small_bundle, target: str):
+    """The session's test-small bundle of ``target``: its export writes the batched decoder (B = 64, card role
+    decoder-batched, sha256 checked at load, fidelity check ``batched_decoder``)."""
+    pytest.importorskip(NEEDS[target])
+    return small_bundle(target)
+
+
 @pytest.fixture(scope="module")
 def batched_bundle(small_bundle):
-    """The test-small LiteRT bundle: the export writes decoder_batched.tflite (B = 64, card role decoder-batched)."""
-    pytest.importorskip("litert_torch")
-    return small_bundle("litert")
+    """The test-small LiteRT bundle (its GPU-specific tests below)."""
+    return target_bundle(small_bundle, "litert")
 
 
 def _rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -271,29 +275,39 @@ def test_batched_graph_is_gpu_clean(batched_bundle):
     assert r.clean and r.max_rank <= 4 and not r.banned, r.verdict
     shapes = {t.name: list(t.shape) for t in r.signatures["serving_default"]["inputs"]}
     assert shapes["sparse_prompt"] == [BATCH, 2, TEST_SMALL.d_model] and shapes["image_embeddings"][0] == 1
-    card = load_card(batched_bundle)
-    assert {a["file"]: a["role"] for a in card["artifacts"]}["decoder_batched.tflite"] == "decoder-batched"
-    assert card["extra"]["lint"]["decoder_batched.tflite"]["verdict"] == r.verdict
+    assert load_card(batched_bundle)["extra"]["lint"]["decoder_batched.tflite"]["verdict"] == r.verdict
+
+
+@pytest.mark.parametrize("target", list(BATCHED_FILES))
+def test_batched_graph_equals_single_decodes(small_bundle, chelsea, target):
+    """The card lists the batched graph and its export check passed; B + 2 prompts (two calls, the last one
+    padded) through it equal the same prompts as single decodes of the bundle's decoder."""
+    bundle = target_bundle(small_bundle, target)
+    card = load_card(bundle)
+    assert {a["role"]: a["file"] for a in card["artifacts"]}["decoder-batched"] == BATCHED_FILES[target]
     check = card["fidelity"]["checks"]["batched_decoder"]
-    assert check["prompts"] == BATCH + 3 and not check["failures"]
-
-
-def test_batched_graph_equals_single_decodes(batched_bundle, chelsea):
-    predictor = Sam2Predictor.from_export(batched_bundle)
+    assert check["prompts"] == BATCH + 3 and check["batch"] == BATCH and not check["failures"]
+    predictor = Sam2Predictor.from_export(bundle)
+    backend = predictor.backend
+    assert (backend.batched_file if target == "litert" else backend.batched) is not None
     predictor.set_image(chelsea)
-    coords, labels = _rows(BATCH + 2, 1)  # two calls of B, the last one padded
-    a = predictor.backend.decode_batch(predictor._features, coords, labels)
-    b = decode_loop(predictor.backend, predictor._features, coords, labels)
+    coords, labels = _rows(BATCH + 2, list(BATCHED_FILES).index(target))
+    a = backend.decode_batch(predictor._features, coords, labels)
+    b = decode_loop(backend, predictor._features, coords, labels)
     for f in a.__dataclass_fields__:
         x, y = getattr(a, f), getattr(b, f)
         assert x.shape == y.shape and x.shape[0] == BATCH + 2
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
 
 
-def test_batched_bundle_generator_equals_upstream(batched_bundle, synthetic_upstream, chelsea):
+@pytest.mark.parametrize("target", list(BATCHED_FILES))
+def test_batched_bundle_generator_equals_upstream(small_bundle, synthetic_upstream, chelsea, target):
+    """The generator through the bundle's batched graph (8x8 grid, B = 64: one call) equals upstream's."""
     kw = dict(GRID, **OPEN)
-    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(batched_bundle), **kw).generate(chelsea)
+    predictor = Sam2Predictor.from_export(target_bundle(small_bundle, target))
+    ours = Sam2AutomaticMaskGenerator(predictor, **kw).generate(chelsea)
     ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
+    assert len(ref) == 3 * 64
     assert_same_masks(ours, ref)
 
 
@@ -330,41 +344,12 @@ def test_batched_graph_runs_whole_on_the_gpu_delegate(batched_bundle, chelsea):
         np.testing.assert_allclose(gpu[k], cpu[k], rtol=0, atol=1e-5 * max(1.0, float(np.abs(cpu[k]).max())), err_msg=k)
 
 
-# ---- batched decoder graph (ONNX) ----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def onnx_batched_bundle(small_bundle):
-    """The test-small ONNX bundle: the export writes decoder_batched.onnx (B = 64, card role decoder-batched)."""
-    return small_bundle("onnx")
-
-
-def test_onnx_batched_graph_equals_single_decodes(onnx_batched_bundle, chelsea):
-    predictor = Sam2Predictor.from_export(onnx_batched_bundle)
-    assert predictor.backend.batched is not None
-    predictor.set_image(chelsea)
-    coords, labels = _rows(BATCH + 2, 2)  # two calls of B, the last one padded
-    a = predictor.backend.decode_batch(predictor._features, coords, labels)
-    b = decode_loop(predictor.backend, predictor._features, coords, labels)
-    for f in a.__dataclass_fields__:
-        x, y = getattr(a, f), getattr(b, f)
-        assert x.shape == y.shape and x.shape[0] == BATCH + 2
-        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
-
-
-def test_onnx_batched_bundle_generator_equals_upstream(onnx_batched_bundle, synthetic_upstream, chelsea):
-    kw = dict(GRID, **OPEN)
-    ours = Sam2AutomaticMaskGenerator(Sam2Predictor.from_export(onnx_batched_bundle), **kw).generate(chelsea)
-    ref = upstream_generator(synthetic_upstream, TEST_SMALL, **kw).generate(chelsea)
-    assert_same_masks(ours, ref)
-
-
-@pytest.mark.parametrize("target", ["litert", "onnx"])
+@pytest.mark.parametrize("target", list(BATCHED_FILES))
 def test_tampered_batched_decoder_is_refused_at_load(target, small_bundle, tmp_path):
     """decoder_batched.* is a card artifact: one changed byte and the bundle is refused, naming the file."""
-    if target == "litert":
-        pytest.importorskip("litert_torch")
     folder = tmp_path / "bundle"
-    shutil.copytree(small_bundle(target), folder)
-    victim = folder / f"decoder_batched.{'tflite' if target == 'litert' else 'onnx'}"
+    shutil.copytree(target_bundle(small_bundle, target), folder)
+    victim = folder / BATCHED_FILES[target]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 1
     victim.write_bytes(bytes(data))

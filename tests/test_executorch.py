@@ -17,12 +17,13 @@ import torch
 
 pytest.importorskip("executorch")
 
-from sam2edge.bundle import validate_fidelity  # noqa: E402
+from sam2edge.bundle import load_card, validate_fidelity  # noqa: E402
 from sam2edge.checks.fidelity import mask_iou, photo  # noqa: E402
 from sam2edge.checks.fidelity.bars import BARS  # noqa: E402
 from sam2edge.config import TEST_SMALL  # noqa: E402
 from sam2edge.errors import UserError  # noqa: E402
-from sam2edge.export.executorch import FP32_COSINE, SIZE_RATIO_MAX, export_executorch  # noqa: E402
+from sam2edge.export.executorch import FP32_COSINE, SIZE_RATIO_MAX  # noqa: E402
+from sam2edge.export.pipeline import run_export  # noqa: E402
 from sam2edge.runtime.executorch_backend import MAX_POINTS, ExecuTorchBackend, pad_prompt  # noqa: E402
 from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
 
@@ -32,14 +33,18 @@ HOT_OPS = ("mean", "sum", "bmm", "mm", "softmax", "native_layer_norm", "gelu", "
 
 
 def _export(tmp_path_factory, precision: str) -> tuple:
+    """A bundle at ``precision`` without the batched decoder (batch 0; fp32's, in ``fp32``, has it)."""
     out = tmp_path_factory.mktemp(f"et_{precision}") / "bundle"
-    card = export_executorch(CFG, "test-small", None, precision, out, force=True, num_clicks=40)
+    card = run_export("executorch", "test-small", precision, out, force=True, clicks=40, options={"batch": 0})
     return out, card
 
 
 @pytest.fixture(scope="module")
-def fp32(tmp_path_factory):
-    return _export(tmp_path_factory, "fp32")
+def fp32(small_bundle):
+    """The session's test-small fp32 ExecuTorch bundle (CLI export, 40 clicks; conftest ``small_bundle``),
+    shared with tests/test_everything.py's batched-decoder tests; tests only read it."""
+    out = small_bundle("executorch")
+    return out, load_card(out)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +67,10 @@ def test_fp32_bundle_parity_size_delegation(fp32):
     assert enc["delegates"] == 1 and not set(enc["outside_delegate"]) & set(HOT_OPS), enc
     dec = card["extra"]["delegation"]["decoder.pte"]  # outside: label logic / single-mask choice on a few scalars
     assert not set(dec["outside_delegate"]) & (set(HOT_OPS) - {"expand_copy"}), dec
+    bat = card["extra"]["delegation"]["decoder_batched.pte"]  # the same decoder with B rows: the same leftovers
+    assert not set(bat["outside_delegate"]) & (set(HOT_OPS) - {"expand_copy"}), bat
+    why = card["extra"]["outside_delegate_why"]["decoder_batched.pte"]
+    assert set(why) == set(bat["outside_delegate"]) and not [op for op, w in why.items() if "not investigated" in w]
 
 
 @pytest.mark.parametrize("kind", ["points1", "points3", "points15+pad", "box", "box+point"])

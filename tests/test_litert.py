@@ -37,8 +37,8 @@ K = 8  # default token slots
 
 @pytest.fixture(scope="module")
 def bundle(small_bundle) -> Path:
-    """``sam2edge export --target litert --config test-small --precision fp32``, once per session (shared
-    with tests/test_everything.py); no test here writes into it."""
+    """The session's test-small fp32 LiteRT bundle (``sam2edge export --target litert --config test-small``,
+    conftest ``small_bundle``: exported once, shared with tests/test_everything.py); tests only read it."""
     return small_bundle("litert")
 
 

@@ -199,14 +199,18 @@ def test_cli_exit_2(bundle, tmp_path, capsys):
 
 
 def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
-    """fp16 bundle: fp16 encoder weights, fp32 decoder (issue 15), fp32 I/O, a smaller encoder, masks within
-    the IoU bar of eager fp32; the card states the measured IoU and what was kept in fp32, and why."""
+    """fp16 bundle: fp16 encoder weights, fp32 decoders (issue 15: the single and the batched one), fp32 I/O, a
+    smaller encoder, masks within the IoU bar of eager fp32; the batched decoder equals its single decodes; the card
+    states the measured IoU and what was kept in fp32, and why."""
     from sam2edge.cards.render import render_markdown
 
     out = tmp_path / "fp16"
     card = export_onnx(sd, SOURCE, TEST_SMALL, "test-small", "fp16", out, "test", clicks=5)
     assert card["status"] == "shippable" and card["fidelity"]["end_to_end"]["iou_worst"] >= 0.99
-    for name, half_share in (("encoder.onnx", (0.8, 1.0)), ("decoder.onnx", (0.0, 0.0))):
+    batched = card["fidelity"]["checks"]["batched_decoder"]  # fp16 ships the batched decoder too, checked
+    assert batched["prompts"] == batched["batch"] + 3 and not batched["failures"] and batched["mask_iou_worst"] >= 0.99
+    shares = (("encoder.onnx", (0.8, 1.0)), ("decoder.onnx", (0.0, 0.0)), ("decoder_batched.onnx", (0.0, 0.0)))
+    for name, half_share in shares:
         m = onnx.load(str(out / name))
         floats = [t for t in m.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
         half = sum(np.prod(t.dims) for t in floats if t.data_type == onnx.TensorProto.FLOAT16)
@@ -214,13 +218,16 @@ def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
         io = list(m.graph.input) + list(m.graph.output)
         assert all(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in io)
     assert (out / "encoder.onnx").stat().st_size < 0.6 * (bundle / "encoder.onnx").stat().st_size
-    assert "decoder.onnx (prompt encoder + mask decoder)" in card["extra"]["fp32_kept"]
+    assert "decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder)" in card["extra"]["fp32_kept"]
     text = render_markdown(card, card["fidelity"], [], [], None)
     e2e = card["fidelity"]["end_to_end"]
     assert "## Reduced precision (fp16)" in text and "Kept in fp32, and why:" in text
     assert f"| mask IoU worst | {e2e['iou_worst']:.5f} | >= 0.99 | pass |" in text
     assert f"| mask IoU median | {e2e['iou_median']:.5f} | >= 0.999 |" in text
-    assert "| decoder.onnx (prompt encoder + mask decoder) | in fp16 the two-way transformer" in text
+    assert (
+        "| decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder) | in fp16 the two-way transformer"
+        in text
+    )
 
 
 def test_card_resolution_disagreeing_with_the_graph_is_one_line(bundle, tmp_path, capsys):

@@ -247,3 +247,41 @@ def test_samples_are_served(server):
     info = json.loads(body)
     assert all(photo_path(s).is_file() for s in info["samples"])
     assert info["decoder"] is None and info["synthetic_weights"] is True
+
+
+def test_segment_everything_equals_the_generator():
+    """The "segment everything" button's API on eager weights that give confident masks (tests/amg_oracle.py):
+    /api/info offers it; the answer is the photo with the masks of ``Sam2AutomaticMaskGenerator`` (same
+    weights, photo and grid, upstream's default filters) drawn by ``render_masks``, pixel for pixel, X-Masks their
+    count; a bad grid size is one 400 line. A backend without a batched decoder is not offered it."""
+    from types import SimpleNamespace
+
+    from amg_oracle import confident_
+    from oracles import meta_image_path
+
+    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.backends import EagerBackend, has_batched_decoder
+    from sam2edge.runtime.overlay import render_masks
+
+    backend = EagerBackend.from_state_dict(confident_(meta_image_path(TEST_SMALL, seed=0)).state_dict(), TEST_SMALL)
+    srv = App(backend, None, "no bundle in this test").make_server("127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert json.loads(request(srv, "GET", "/api/info")[2])["everything"] is True
+        token = session(srv)
+        _, _, body = request(srv, "POST", "/api/images?sample=chelsea.png", b"", {"X-Session": token})
+        url = f"/api/images/{json.loads(body)['id']}/everything"
+        status, headers, png = request(srv, "POST", f"{url}?points_per_side=8", b"", {"X-Session": token})
+        assert status == 200 and headers["Content-Type"] == "image/png", png[:200]
+        img = photo("chelsea.png")
+        records = Sam2AutomaticMaskGenerator(Sam2Predictor(backend), points_per_side=8).generate(img)
+        assert int(headers["X-Masks"]) == len(records) > 0
+        got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+        assert np.array_equal(got, np.asarray(render_masks(img, [r["segmentation"] for r in records])))
+        assert not np.array_equal(got, img)
+        bad = request(srv, "POST", f"{url}?points_per_side=0", b"", {"X-Session": token})
+        assert bad[0] == 400 and "points_per_side" in error_of(bad[0], bad[2])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert not has_batched_decoder(SimpleNamespace(batched=None, batched_file=None))

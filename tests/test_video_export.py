@@ -38,7 +38,16 @@ def video_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session", params=TARGETS)
 def video_bundle(request, tmp_path_factory, video_checkpoint):
     out = tmp_path_factory.mktemp(f"video_{request.param}") / "bundle"
-    card = run_export(request.param, "test-small", "fp32", out, checkpoint=str(video_checkpoint), clicks=4, video=True)
+    card = run_export(  # batch 0: no batched decoder (segment everything is not under test here)
+        request.param,
+        "test-small",
+        "fp32",
+        out,
+        checkpoint=str(video_checkpoint),
+        clicks=4,
+        video=True,
+        options={"batch": 0},
+    )
     return request.param, out, card
 
 

@@ -33,12 +33,26 @@ import torch
 from sam2edge.checks.fidelity.bars import BARS
 from sam2edge.checks.fidelity.measure import MIN_CLICKS
 from sam2edge.config import Sam2Config
+from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
-from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
+from sam2edge.export.executorch_graphs import (
+    XnnBatchedDecoderGraph,
+    XnnDecoderGraph,
+    XnnEncoderGraph,
+    batched_decoder_inputs,
+    decoder_inputs,
+    encoder_inputs,
+)
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.runtime.executorch_backend import DECODER_FILE, ENCODER_FILE, MAX_POINTS, ExecuTorchBackend
+from sam2edge.runtime.executorch_backend import (
+    BATCHED_DECODER_FILE,
+    DECODER_FILE,
+    ENCODER_FILE,
+    MAX_POINTS,
+    ExecuTorchBackend,
+)
 
 REWRITES = Rewrites(transposed_conv="native", texture_limit=0)  # XNNPACK: no texture limits
 FP32_COSINE = BARS["fp32"]["min_cosine"]
@@ -111,10 +125,24 @@ def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# operator left outside XNNPACK in a video program -> why (card.json extra.outside_delegate_why)
+# operator left outside XNNPACK in a video program or the batched decoder -> why (card.json
+# extra.outside_delegate_why); the batched decoder's entries were read off its lowered graph at test-small
 OUTSIDE_WHY = {
-    "eq": "comparison (slot index one-hot): XNNPACK has no comparison operators",
-    "gt": "comparison (object present / binarise mask > 0): XNNPACK has no comparison operators",
+    "eq": "comparison (slot index / label one-hot, label == -1 pad, candidate IoU == max): XNNPACK has no "
+    "comparison operators",
+    "ne": "comparison (label != -2: ignored prompt slot): XNNPACK has no comparison operators",
+    "gt": "comparison (object present / binarise mask > 0 / stability counts logits > +-delta, union > 0): "
+    "XNNPACK has no comparison operators",
+    "ge": "comparison (stability >= threshold, SAM 2.1's single-mask choice): XNNPACK has no comparison operators",
+    "bitwise_and": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_or": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_not": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "where": "select on a comparison (pad-point token, stability of an empty union, stable single mask vs best "
+    "candidate): XNNPACK has no select operator",
+    "max": "max.dim (values and indices) over the candidates' IoU (B, 3) for the single-mask choice, not claimed "
+    "by XnnpackPartitioner",
+    "cat": "concatenations XNNPACK cannot take: the tie break's boolean one-hot columns (bool tensors) and the "
+    "decoder's output tokens repeated to B rows (B inputs; its concatenate takes a few)",
     "dim_order_ops": "dtype cast of a comparison result (bool -> float), a portable copy",
     "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
     "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
@@ -122,8 +150,10 @@ OUTSIDE_WHY = {
     "mm": "small matmuls the partitioner leaves out: outer products with ones (slot masks and pointer encodings "
     "repeated, contraction 1) and one-hot (K, T) @ temporal encodings (T, M)",
     "full": "the ones of those outer products, a portable fill",
-    "expand_copy": "broadcast of a (1, 1, C) token or bias to its batch, a portable copy",
-    "full_like": "constant tensor for the no-mask / ignored-slot branch, a portable fill",
+    "expand_copy": "broadcast of a (1, 1, C) token or bias, or of the output tokens' valid flags, to its batch, "
+    "a portable copy",
+    "full_like": "constant tensor (no-mask / ignored-slot branch, output tokens' valid flags, tie-break start, "
+    "stability of an empty union), a portable fill",
     "alias_copy": "view between delegate partitions (no arithmetic)",
     "squeeze_copy": "view between delegate partitions (no arithmetic)",
     "unsqueeze_copy": "view between delegate partitions (no arithmetic)",
@@ -133,10 +163,10 @@ OUTSIDE_WHY = {
 
 
 def outside_why(census: dict) -> dict[str, dict[str, str]]:
-    """Program -> operator outside the delegate -> why, for the video programs."""
+    """Program -> operator outside the delegate -> why, for the video programs and the batched decoder."""
     from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
-    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()}
+    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()} | {BATCHED_DECODER_FILE.split(".")[0]}
     unknown = "not claimed by XnnpackPartitioner (reason not investigated)"
     return {
         f: {op: OUTSIDE_WHY.get(op, unknown) for op in c["outside_delegate"]}
@@ -151,10 +181,22 @@ def decoder_model(job) -> Sam2ImageModel:
 
 
 def _graphs(job) -> dict:
+    decoder = decoder_model(job)  # fp32 at every precision: both decoders (FP32_KEPT, notes/issue-15.md)
     return {
         ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
-        DECODER_FILE: ("decoder", XnnDecoderGraph(decoder_model(job)), decoder_inputs(job.cfg, MAX_POINTS)),
+        DECODER_FILE: ("decoder", XnnDecoderGraph(decoder), decoder_inputs(job.cfg, MAX_POINTS)),
+        BATCHED_DECODER_FILE: (
+            "decoder-batched",
+            XnnBatchedDecoderGraph(decoder, bat.batch_size(job)),
+            batched_decoder_inputs(job.cfg, bat.batch_size(job)),
+        ),
     }
+
+
+def _backend(job) -> ExecuTorchBackend:
+    """The staged bundle's backend, with the batched decoder when the job wrote it."""
+    batched = BATCHED_DECODER_FILE if BATCHED_DECODER_FILE in job.files else None
+    return ExecuTorchBackend(job.folder, job.cfg, batched=batched)
 
 
 def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
@@ -194,6 +236,7 @@ def size_check(job) -> dict:
 def _extra(job) -> dict:
     return {
         "max_points": MAX_POINTS,
+        "batch": bat.batch_size(job),  # prompts per call of decoder_batched.pte
         "delegation": job.state["census"],
         "outside_delegate_why": outside_why(job.state["census"]),
         "sizes": job.state["sizes"],
@@ -256,10 +299,10 @@ SPEC = TargetSpec(
     rewrites=REWRITES,
     graphs=_graphs,
     convert=_convert,
-    open_backend=lambda job: ExecuTorchBackend(job.folder, job.cfg),
+    open_backend=_backend,
     extra=_extra,
     summary=summary,
     model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
-    checks={"size": size_check},
+    checks={"size": size_check, "batched_decoder": lambda job: bat.check_batched(job, _backend(job))},
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

@@ -106,6 +106,37 @@ class XnnDecoderGraph(nn.Module):
         return tuple(t.float() for t in m.answers(masks, iou, obj))
 
 
+class XnnBatchedDecoderGraph(XnnDecoderGraph):
+    """B point prompts per call against one image (``decoder_batched.pte``, card role decoder-batched), no mask
+    input: image_embed, feat_s0, feat_s1 (as ``XnnDecoderGraph``, batch 1), points [B,N,2] float (X, Y)
+    model-input pixels, labels [B,N] int64 (as ``XnnDecoderGraph``'s, -2 ignored slot) -> masks [B,3,4e,4e],
+    iou_scores [B,3], single_mask [B,1,4e,4e], single_iou [B,1], object_score [B,1]. Row b equals
+    ``XnnDecoderGraph`` on row b's prompt without a mask. The image rows are repeated by multiplying with a
+    (B,1,1,1) ones buffer (a broadcasting multiply XNNPACK runs; a 64-input concatenation it does not)."""
+
+    def __init__(self, model: Sam2ImageModel, batch: int) -> None:
+        super().__init__(model)
+        self.batch = batch
+        self.register_buffer("rows", torch.ones(batch, 1, 1, 1, dtype=model.no_mem_embed.dtype))  # (B, 1, 1, 1)
+
+    def forward(self, image_embed, feat_s0, feat_s1, points, labels):
+        m = self.model
+        dt = m.no_mem_embed.dtype
+        lab = labels.to(torch.float32)  # (B, N)
+        valid = (lab != -2).to(dt)  # (B, N): ignored slots are removed as attention keys
+        sparse = self.points.embed_points(points, lab).to(dt)  # (B, N, C)
+        dense = m.sam_prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)  # (1, C, 1, 1), broadcast
+        emb, s0, s1 = (t.to(dt) * self.rows for t in (image_embed, feat_s0, feat_s1))  # (B, ., ., .) each
+        masks, iou, obj = m.sam_mask_decoder(emb, self.image_pe().to(dt), sparse, dense, s0, s1, valid)
+        return tuple(t.float() for t in m.answers(masks, iou, obj))
+
+
+def batched_decoder_inputs(cfg, batch: int, n: int = 2) -> tuple[torch.Tensor, ...]:
+    """Sample inputs of ``XnnBatchedDecoderGraph``: B grid prompts (a click + upstream's pad point)."""
+    emb, s0, s1, pts, labels, _, _ = decoder_inputs(cfg, n)
+    return emb, s0, s1, pts.reshape(1, n, 2).repeat(batch, 1, 1), labels.reshape(1, n).repeat(batch, 1)
+
+
 def encoder_inputs(cfg) -> tuple[torch.Tensor]:
     return (torch.randn(1, 3, cfg.image_size, cfg.image_size),)
 

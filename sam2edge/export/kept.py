@@ -20,7 +20,7 @@ _INT8_DECODER = "a click is not GEMM-bound (4.2 M parameters), so only the encod
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "executorch": {
         "fp16": {
-            "decoder.pte (prompt encoder + mask decoder)": _DECODER_FP16,
+            "decoder.pte and decoder_batched.pte (prompt encoder + mask decoder)": _DECODER_FP16,
             "graph inputs and outputs": _IO,
         },
         "int8": {
@@ -31,7 +31,7 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     },
     "onnx": {
         "fp16": {
-            "decoder.onnx (prompt encoder + mask decoder)": _DECODER_FP16,
+            "decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder)": _DECODER_FP16,
             "graph inputs and outputs": _IO,
         },
         "int8": {

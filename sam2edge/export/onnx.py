@@ -263,10 +263,9 @@ def _graphs(job) -> dict:
 
 
 def _batched(job) -> dict:
-    """fp32 / int8 (fp32 decoder): the batched decoder; fp16 has none yet (single decodes, notes/issue-20.md)."""
-    if job.precision == "fp16":
-        return {}
-    graph, b = bat.BatchedPointDecoderGraph(job.model, bat.batch_size(job)), bat.batch_size(job)
+    """The batched decoder, fp32 at every precision like decoder.onnx (fp16: FP32_KEPT, notes/issue-15.md)."""
+    b = bat.batch_size(job)
+    graph = bat.BatchedPointDecoderGraph(job.model, b)
     return {ob.BATCHED_DECODER_FILE: ("decoder-batched", graph, bat.point_sample_args(job.model, b))}
 
 

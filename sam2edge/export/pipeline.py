@@ -176,6 +176,8 @@ def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
     for file, (role, module, sample) in graphs.items():
         if role not in GRAPH_SET:
             raise ValueError(f"{spec.name}: graph {file} has role {role!r}, not one of {sorted(GRAPH_SET)}")
+        if role == "decoder-batched" and job.state.get("batch") == 0:  # options batch=0: no batched decoder
+            continue
         stages.next(f"convert {file}")
         stage(f"convert {file} ({job.precision_label}) for {spec.name}")
         job.files[file] = role

@@ -17,6 +17,7 @@ import torch
 
 from sam2edge.errors import UserError
 from sam2edge.runtime import amg_utils as amg
+from sam2edge.runtime.backends import Features
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import to_rgb_array
 
@@ -112,10 +113,12 @@ class Sam2AutomaticMaskGenerator:
 
     # ---- public ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, image) -> list[dict]:
-        """HxWx3 uint8 RGB (or a PIL image) -> one record per mask (module docstring for the keys)."""
+    def generate(self, image, features: Features | None = None) -> list[dict]:
+        """HxWx3 uint8 RGB (or a PIL image) -> one record per mask (module docstring for the keys).
+        ``features``: the whole image's decoder-ready features, if already encoded (the uncropped layer then
+        skips the encoder; crops are encoded as always)."""
         image = to_rgb_array(image)
-        data = self._generate_masks(image)
+        data = self._generate_masks(image, features)
         encode = OUTPUT_MODES[self.output_mode]
         return [
             {
@@ -136,7 +139,7 @@ class Sam2AutomaticMaskGenerator:
         return sum(-(-len(self.point_grids[i]) // self.points_per_batch) for i in layers)
 
     # ---- stages ------------------------------------------------------------------------------------
-    def _generate_masks(self, image: np.ndarray) -> MaskData:
+    def _generate_masks(self, image: np.ndarray, features: Features | None = None) -> MaskData:
         orig_size = image.shape[:2]
         crop_boxes, layer_idxs = amg.generate_crop_boxes(orig_size, self.crop_n_layers, self.crop_overlap_ratio)
         bar = None
@@ -147,7 +150,8 @@ class Sam2AutomaticMaskGenerator:
         data = MaskData()
         try:
             for crop_box, layer_idx in zip(crop_boxes, layer_idxs):
-                data.cat(self._process_crop(image, crop_box, layer_idx, orig_size, bar))
+                whole = features if layer_idx == 0 else None  # layer 0 is the whole image
+                data.cat(self._process_crop(image, crop_box, layer_idx, orig_size, bar, whole))
         finally:
             if bar is not None:
                 bar.close()
@@ -159,11 +163,14 @@ class Sam2AutomaticMaskGenerator:
             data.filter(keep)
         return data
 
-    def _process_crop(self, image, crop_box, layer_idx, orig_size, bar) -> MaskData:
+    def _process_crop(self, image, crop_box, layer_idx, orig_size, bar, features=None) -> MaskData:
         x0, y0, x1, y1 = crop_box
         cropped = np.ascontiguousarray(image[y0:y1, x0:x1, :])
         crop_hw = cropped.shape[:2]
-        self.predictor.set_image(cropped)
+        if features is None:
+            self.predictor.set_image(cropped)
+        else:
+            self.predictor.set_image_embedding(features, crop_hw)
         points = self.point_grids[layer_idx] * np.array(crop_hw)[None, ::-1]  # (P, 2) crop pixels
         data = MaskData()
         for (batch,) in amg.batch_iterator(self.points_per_batch, points):

@@ -137,6 +137,14 @@ def decode_batch(backend: Backend, feats: Features, coords: np.ndarray, labels: 
     return decode_loop(backend, feats, coords, labels)
 
 
+def has_batched_decoder(backend: Backend) -> bool:
+    """Whether ``decode_batch`` of ``backend`` runs B prompts per call: eager always; a bundle's backend when its
+    card lists a ``decoder-batched`` graph (LiteRT ``batched_file``, ONNX / ExecuTorch ``batched``)."""
+    if isinstance(backend, EagerBackend):
+        return True
+    return getattr(backend, "batched_file", None) is not None or getattr(backend, "batched", None) is not None
+
+
 def decode_loop(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
     """The fallback of ``decode_batch``: B single decodes, rows concatenated."""
     rows = [backend.decode(feats, coords[i : i + 1], labels[i : i + 1], None) for i in range(len(coords))]

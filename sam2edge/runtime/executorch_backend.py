@@ -10,6 +10,10 @@ Bundle files (reference card 002's contract; e = S/16, C = d_model, all I/O floa
                -> masks [1,3,4e,4e], iou_scores [1,3], single_mask [1,1,4e,4e], single_iou [1,1],
                   object_score [1,1]
 
+  decoder_batched.pte  (card role ``decoder-batched``, optional) forward(image_embed, feat_s0, feat_s1,
+                       points [B,N,2], labels [B,N] int64) with B, N fixed at export (card ``extra.batch``)
+               -> the decoder's outputs with B rows, no mask input (``decode_batch``; "segment everything")
+
 K is ``MAX_POINTS`` (16, card.json ``extra.max_points``): a prompt of N <= K entries (box corners, points,
 and the one padding point upstream appends) fills the first N slots and the rest are label -2, which the
 decoder removes from attention, so the answer is exactly that of the N-entry prompt.
@@ -28,6 +32,7 @@ from sam2edge.errors import UserError
 from sam2edge.runtime.backends import Decoded, Features
 
 ENCODER_FILE, DECODER_FILE = "encoder.pte", "decoder.pte"
+BATCHED_DECODER_FILE = "decoder_batched.pte"  # export.executorch_graphs.XnnBatchedDecoderGraph (role decoder-batched)
 MAX_POINTS = 16
 IGNORED = -2
 
@@ -79,12 +84,14 @@ class ExecuTorchBackend:
 
     name = "executorch"
 
-    def __init__(self, folder: Path, cfg: Sam2Config, max_points: int = MAX_POINTS) -> None:
+    def __init__(self, folder: Path, cfg: Sam2Config, max_points: int = MAX_POINTS, batched: str | None = None) -> None:
+        """``batched``: the batched decoder's file in ``folder`` (``decode_batch``; None = single decodes)."""
         folder = Path(folder)
         hint = "re-run `sam2edge export --target executorch`"
         self.cfg, self.max_points = cfg, max_points
         self.encoder = load_method(folder / ENCODER_FILE, hint)
         self.decoder = load_method(folder / DECODER_FILE, hint)
+        self.batched = load_method(folder / batched, hint) if batched else None
 
     @classmethod
     def from_bundle(cls, folder: str | Path, *, threads: int | None = None) -> ExecuTorchBackend:
@@ -92,7 +99,8 @@ class ExecuTorchBackend:
         common protocol; ExecuTorch's XNNPACK threadpool is sized by the runtime itself."""
         card = open_bundle(folder, "executorch")
         cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
-        backend = cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)))
+        batched = next((a["file"] for a in card["artifacts"] if a.get("role") == "decoder-batched"), None)
+        backend = cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)), batched)
         backend.check_shapes(folder)
         return backend
 
@@ -121,3 +129,30 @@ class ExecuTorchBackend:
         ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, mask, has]
         outs = self.decoder.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in ins])
         return Decoded(*(t.numpy().copy() for t in outs))
+
+    # ---- batched decoder (card role ``decoder-batched``, ``decoder_batched.pte``; "segment everything") ----
+    def decode_batch(self, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
+        """coords BxNx2, labels BxN (no mask input) -> Decoded with B rows: the batched program in chunks of
+        its fixed batch (the last chunk padded by repeating its last row; prompts padded with ignored
+        slots), else B single decodes."""
+        from sam2edge.runtime.backends import decode_loop
+
+        if self.batched is None:
+            return decode_loop(self, feats, coords, labels)
+        batch, slots = (int(d) for d in self.batched.metadata.input_tensor_meta(3).sizes()[:2])
+        n_rows, n = np.shape(coords)[:2]
+        if n > slots:
+            raise UserError(f"{n} prompt points exceed the batched decoder's {slots} slots; use single decodes")
+        pts = np.zeros((n_rows, slots, 2), np.float32)
+        lab = np.full((n_rows, slots), IGNORED, np.int64)
+        pts[:, :n], lab[:, :n] = coords, np.rint(labels)
+        image = [torch.from_numpy(np.ascontiguousarray(a)) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
+        outs = []
+        for start in range(0, n_rows, batch):
+            p, q = pts[start : start + batch], lab[start : start + batch]
+            k = len(p)
+            p = np.concatenate([p, np.repeat(p[-1:], batch - k, 0)])  # (B, K, 2)
+            q = np.concatenate([q, np.repeat(q[-1:], batch - k, 0)])  # (B, K)
+            res = self.batched.execute([*image, torch.from_numpy(p), torch.from_numpy(q)])
+            outs.append([t.numpy()[:k].copy() for t in res])
+        return Decoded(*(np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))))

@@ -13,12 +13,15 @@ API (JSON errors ``{"error": ...}`` with a 4xx status):
   GET  /api/images/ID/features.bin       image_embed | feat_s0 | feat_s1, float32 little-endian, C order
   POST /api/images/ID/decode             {"coords": [[x, y], ...], "labels": [...]} -> masks | iou | single_mask
                                          | single_iou | object_score, float32 little-endian
+  POST /api/images/ID/everything[?points_per_side=N]  segment everything (``serve.everything``; offered when
+                                         /api/info says ``everything``) -> overlay PNG, header X-Masks
 Isolation: image ids are ``secrets.token_urlsafe(16)`` and belong to the session that opened them; any
 other session gets 404 for them, as for an id that never existed.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import threading
@@ -32,8 +35,9 @@ import numpy as np
 from sam2edge.checks.fidelity import PHOTOS, photo_path
 from sam2edge.errors import UserError
 from sam2edge.extras import NPM_FIX
-from sam2edge.runtime.backends import Backend, Features
+from sam2edge.runtime.backends import Backend, Features, has_batched_decoder
 from sam2edge.runtime.preprocess import load_image, preprocess
+from sam2edge.serve import everything
 from sam2edge.serve.assets import STATIC_DIR, BrowserDecoder, litertjs_version, node_modules, vendor_mounts
 from sam2edge.serve.uploads import decode_upload, encode_png
 from sam2edge.serve.web import Handler, HttpError, Mounts, WebServer
@@ -122,6 +126,7 @@ class App:
                 "max_upload_mb": self.limits.max_upload_bytes / 1e6,
                 "max_megapixels": self.limits.max_pixels / 1e6,
             },
+            "everything": has_batched_decoder(self.backend),  # the "segment everything" button
             "samples": list(PHOTOS),
             "stored": self.stored.names() if self.stored else [],
         }
@@ -220,9 +225,11 @@ class App:
 
     def _post_decode(self, h: Handler, path: str, query: dict) -> None:
         image_id, part = self._split(path)
-        if part != "decode":
-            raise HttpError(404, f"no such action {part[:40]!r}; POST .../decode")
+        if part not in ("decode", "everything"):
+            raise HttpError(404, f"no such action {part[:40]!r}; POST .../decode or .../everything")
         photo = self._photo(h, image_id)
+        if part == "everything":
+            return self._everything(h, photo, query)
         coords, labels = parse_prompt(h.read_body(64_000), self.backend.cfg.image_size)
         try:
             with self._model_lock:
@@ -233,6 +240,18 @@ class App:
         h.send_body(
             200, b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays), "application/octet-stream"
         )
+
+    def _everything(self, h: Handler, photo: Photo, query: dict) -> None:
+        from PIL import Image
+
+        try:
+            side = everything.points_per_side(query)
+            rgb = np.asarray(Image.open(io.BytesIO(photo.png)).convert("RGB"))
+            with self._model_lock:
+                png, count = everything.segment_everything(self.backend, rgb, photo.features, side)
+        except (UserError, ValueError) as e:
+            raise HttpError(400, str(e).splitlines()[0][:200]) from None
+        h.send_body(200, png, "image/png", {"X-Masks": str(count)})
 
     def _get_model_file(self, h: Handler, path: str, query: dict) -> None:
         name = path[len("/model/") :]

@@ -2,6 +2,7 @@
 // (LiteRT.js), or on the server when the browser cannot run it. Query options: ?accel=wasm|webgpu,
 // ?decoder=server (force the server decode).
 import * as lrt from './litert.js';
+import { setUpEverything } from './everything.js';
 import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
 
 const $ = (id) => document.getElementById(id);
@@ -393,6 +394,7 @@ async function main() {
   }
   setStatus('setting up the decoder…');
   await setUpDecoder();
+  setUpEverything(state, api, setStatus);
   setStatus('ready: open or drop a photo, or pick a sample');
   document.body.dataset.ready = '1';
 }
