@@ -145,6 +145,26 @@ def has_batched_decoder(backend: Backend) -> bool:
     return getattr(backend, "batched_file", None) is not None or getattr(backend, "batched", None) is not None
 
 
+def padded_chunks(
+    coords: np.ndarray, labels: np.ndarray, slots: int, batch: int, ignored: float, label_dtype: type
+) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """R prompts (coords Rxnx2, labels Rxn; model-input pixels) laid into a batched decoder's fixed shape:
+    yields (points BxKx2 float32, labels BxK ``label_dtype``, k real rows) per chunk of B = ``batch`` rows.
+    Unused point slots (n < K = ``slots``) get label ``ignored``; the last chunk repeats its last row."""
+    n_rows, n = np.shape(coords)[:2]
+    if n > slots:
+        raise UserError(f"{n} prompt points exceed the batched decoder's {slots} slots; use single decodes")
+    pts = np.zeros((n_rows, slots, 2), np.float32)
+    lab = np.full((n_rows, slots), ignored, label_dtype)
+    pts[:, :n], lab[:, :n] = coords, labels
+    for start in range(0, n_rows, batch):
+        p, q = pts[start : start + batch], lab[start : start + batch]
+        k = len(p)
+        p = np.concatenate([p, np.repeat(p[-1:], batch - k, 0)])  # (B, K, 2)
+        q = np.concatenate([q, np.repeat(q[-1:], batch - k, 0)])  # (B, K)
+        yield p, q, k
+
+
 def decode_loop(backend: Backend, feats: Features, coords: np.ndarray, labels: np.ndarray) -> Decoded:
     """The fallback of ``decode_batch``: B single decodes, rows concatenated."""
     rows = [backend.decode(feats, coords[i : i + 1], labels[i : i + 1], None) for i in range(len(coords))]

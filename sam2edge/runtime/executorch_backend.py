@@ -29,7 +29,7 @@ import torch
 from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.runtime.backends import Decoded, Features
+from sam2edge.runtime.backends import Decoded, Features, padded_chunks
 
 ENCODER_FILE, DECODER_FILE = "encoder.pte", "decoder.pte"
 BATCHED_DECODER_FILE = "decoder_batched.pte"  # export.executorch_graphs.XnnBatchedDecoderGraph (role decoder-batched)
@@ -140,19 +140,9 @@ class ExecuTorchBackend:
         if self.batched is None:
             return decode_loop(self, feats, coords, labels)
         batch, slots = (int(d) for d in self.batched.metadata.input_tensor_meta(3).sizes()[:2])
-        n_rows, n = np.shape(coords)[:2]
-        if n > slots:
-            raise UserError(f"{n} prompt points exceed the batched decoder's {slots} slots; use single decodes")
-        pts = np.zeros((n_rows, slots, 2), np.float32)
-        lab = np.full((n_rows, slots), IGNORED, np.int64)
-        pts[:, :n], lab[:, :n] = coords, np.rint(labels)
         image = [torch.from_numpy(np.ascontiguousarray(a)) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
         outs = []
-        for start in range(0, n_rows, batch):
-            p, q = pts[start : start + batch], lab[start : start + batch]
-            k = len(p)
-            p = np.concatenate([p, np.repeat(p[-1:], batch - k, 0)])  # (B, K, 2)
-            q = np.concatenate([q, np.repeat(q[-1:], batch - k, 0)])  # (B, K)
+        for p, q, k in padded_chunks(coords, np.rint(labels), slots, batch, IGNORED, np.int64):
             res = self.batched.execute([*image, torch.from_numpy(p), torch.from_numpy(q)])
             outs.append([t.numpy()[:k].copy() for t in res])
         return Decoded(*(np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))))

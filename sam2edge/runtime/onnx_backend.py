@@ -24,7 +24,7 @@ import numpy as np
 from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
-from sam2edge.runtime.backends import Decoded, Features
+from sam2edge.runtime.backends import Decoded, Features, padded_chunks
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 ENCODER_INPUTS = ("image",)
@@ -214,18 +214,8 @@ class OnnxBackend:
         if self.batched is None:
             return decode_loop(self, feats, coords, labels)
         batch, slots = (int(d) for d in self.batched.get_inputs()[3].shape[:2])
-        n_rows, n = coords.shape[:2]
-        if n > slots:
-            raise UserError(f"{n} prompt points exceed the batched decoder's {slots} slots; use single decodes")
-        pts = np.zeros((n_rows, slots, 2), np.float32)
-        lab = np.full((n_rows, slots), IGNORED_SLOT, np.float32)
-        pts[:, :n], lab[:, :n] = coords, labels
         outs = []
-        for start in range(0, n_rows, batch):
-            p, q = pts[start : start + batch], lab[start : start + batch]
-            k = len(p)
-            p = np.concatenate([p, np.repeat(p[-1:], batch - k, 0)])  # (B, K, 2)
-            q = np.concatenate([q, np.repeat(q[-1:], batch - k, 0)])  # (B, K)
+        for p, q, k in padded_chunks(coords, labels, slots, batch, IGNORED_SLOT, np.float32):
             feed = dict(zip(BATCHED_INPUTS, (feats.image_embed, feats.feat_s0, feats.feat_s1, p, q)))
             feed = {key: np.ascontiguousarray(v, dtype=np.float32) for key, v in feed.items()}
             outs.append([a[:k] for a in self.batched.run(list(DECODER_OUTPUTS), feed)])
