@@ -9,7 +9,10 @@ interleaved (one encode of the astronaut photo + ``--clicks`` single-point decod
 round) so machine drift hits both alike. Printed: encoder and per-click median / min, the ratio to
 upstream, the parameter count and fp32 / fp16 weight bytes. With ``--export`` every size is also
 exported (synthetic weights of that size, fp32; a bundle already under ``--out`` is reused) and its
-artifacts' file sizes are listed. ``--reduced`` runs the CI stand-ins (``test-small-*``): a smoke run.
+artifacts' file sizes are listed. Every bundle under ``--out`` whose card names the size's config (the
+``--export`` ones and any other, e.g. an fp16 one) is timed too, in the same interleaved rounds, through
+its own runtime (its weights are that size's synthetic ones: a time does not depend on the values).
+``--reduced`` runs the CI stand-ins (``test-small-*``): a smoke run.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
-from sam2edge.checks.upstream import UpstreamImagePath
 
 from sam2edge.checks.fidelity import photo
+from sam2edge.checks.fidelity.upstream import UpstreamImagePath
 from sam2edge.config import CONFIGS, SIZES, Sam2Config
 from sam2edge.model import Rewrites, build_sam2
 from sam2edge.runtime.preprocess import preprocess
@@ -60,15 +64,44 @@ def _subjects(cfg: Sam2Config) -> dict:
     }
 
 
-def time_size(cfg: Sam2Config, runs: int, warmup: int, clicks: int) -> dict:
-    """{subject: {"encoder_ms": [...], "click_ms": [...]}} over interleaved rounds."""
-    subjects = _subjects(cfg)
+def _bundle_subjects(bundles: list[Path], threads: int) -> dict:
+    """name -> (encode, decode) of each bundle's runtime (model-input coords with sam2edge's pad point)."""
+    from sam2edge.bundle import load_card
+    from sam2edge.checks.fidelity.verify import open_backend
+
+    out = {}
+    for folder in bundles:
+        card = load_card(folder)
+        runner = open_backend(folder, card, threads=threads)
+
+        def decode(f, coords, labels, runner=runner):
+            pad_c = np.concatenate([coords.numpy(), np.zeros((1, 1, 2), np.float32)], 1)  # (1, 2, 2)
+            pad_l = np.array([[float(labels[0, 0]), -1.0]], np.float32)  # (1, 2)
+            return runner.decode(f, pad_c, pad_l, None)
+
+        out[f"{card['target']} {card['precision']}"] = (lambda x, runner=runner: runner.encode(x.numpy()), decode)
+    return out
+
+
+def size_bundles(config: str, out: Path) -> list[Path]:
+    """The bundles under ``out`` whose card.json names ``config``, by folder name."""
+    found = []
+    for card in sorted(out.glob("*/card.json")):
+        if json.loads(card.read_text()).get("config") == config:
+            found.append(card.parent)
+    return found
+
+
+def time_size(cfg: Sam2Config, runs: int, warmup: int, clicks: int, bundles: dict | None = None) -> dict:
+    """{subject: {"encoder_ms": [...], "click_ms": [...]}} over interleaved rounds (``bundles``: more subjects)."""
+    subjects = {**_subjects(cfg), **(bundles or {})}
     x = preprocess(photo("astronaut.png"), cfg.image_size)
     s = cfg.image_size / 1024
     coords, labels = torch.tensor([[[520.0 * s, 380.0 * s]]]), torch.tensor([[1]], dtype=torch.int32)
     out = {name: {"encoder_ms": [], "click_ms": []} for name in subjects}
     for r in range(warmup + runs):
-        order = list(subjects)[r % 2 :] + list(subjects)[: r % 2]  # alternate who goes first
+        k = r % len(subjects)
+        order = list(subjects)[k:] + list(subjects)[:k]  # rotate who goes first
         for name in order:
             encode, decode = subjects[name]
             t = time.perf_counter()
@@ -125,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(t.numel() for t in build_sam2(cfg).parameters())
         print(f"{size}: {name} at {cfg.image_size}px ...", file=sys.stderr, flush=True)
         res = {"config": name, "resolution": cfg.image_size, "params": params}
-        res["timing"] = time_size(cfg, a.runs, a.warmup, a.clicks)
         if a.export:
             res["files"] = export_sizes(name, a.export.split(","), Path(a.out))
+        found = size_bundles(name, Path(a.out)) if Path(a.out).is_dir() else []
+        res["bundles"] = [str(b) for b in found]
+        res["timing"] = time_size(cfg, a.runs, a.warmup, a.clicks, _bundle_subjects(found, a.threads))
         results[size] = res
     print(format_table(results, a.threads, a.runs, a.clicks))
     if a.json:
@@ -138,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 def format_table(results: dict, threads: int, runs: int, clicks: int) -> str:
     lines = [
         f"{threads} threads, median (min) of {runs} interleaved rounds; click = mean of {clicks} decodes;"
-        " ratio = sam2edge / upstream",
+        " ratio = subject / upstream of the same size",
         f"{'size':<10} {'config':<24} {'px':>5} {'params M':>9} {'fp32 MB':>8} {'fp16 MB':>8} | "
-        f"{'subject':<9} {'encoder ms':>16} {'ratio':>6} {'click ms':>14} {'ratio':>6}",
+        f"{'subject':<12} {'encoder ms':>16} {'ratio':>6} {'click ms':>14} {'ratio':>6}",
     ]
     for size, r in results.items():
         t = r["timing"]
@@ -154,7 +189,7 @@ def format_table(results: dict, threads: int, runs: int, clicks: int) -> str:
                 else " " * 68
             )
             lines.append(
-                f"{head} | {who:<9} {e:8.1f} ({min(v['encoder_ms']):6.1f}) {e / up_e:6.2f} "
+                f"{head} | {who:<12} {e:8.1f} ({min(v['encoder_ms']):6.1f}) {e / up_e:6.2f} "
                 f"{c:6.2f} ({min(v['click_ms']):5.2f}) {c / up_c:6.2f}"
             )
         for target, files in r.get("files", {}).items():

@@ -184,3 +184,28 @@ def test_texture_limit_splits_attention_without_changing_results(sd):
     assert softmaxes(sliced) > softmaxes(whole), "nothing was sliced"
     for a, b in zip(_run(sliced, image, coords, labels, mask), _run(whole, image, coords, labels, mask)):
         assert (a - b).abs().max().item() <= 1e-6 * b.abs().max().item()
+
+
+@pytest.mark.parametrize(
+    "rw",
+    [UPSTREAM, Rewrites(), Rewrites(attention_rank=3, texture_limit=16)],
+    ids=["upstream", "gpu", "rank3-sliced"],
+)
+def test_one_image_row_for_many_prompts_equals_repeated_rows(sd, rw):
+    """Batched decoding hands the decoder ONE image row for B prompts (the first two-way layer projects it
+    once, then broadcasts): every output equals the decode with the image repeated to B rows."""
+    model = build_sam2(TEST_SMALL, rw).eval()
+    model.load_state_dict(sd)
+    g = torch.Generator().manual_seed(0)
+    e, c, b = TEST_SMALL.image_embedding_size, TEST_SMALL.d_model, 5
+    emb, s0, s1 = (torch.randn(1, ch, s, s, generator=g) for ch, s in ((c, e), (c // 8, 4 * e), (c // 4, 2 * e)))
+    coords = torch.rand(b, 2, 2, generator=g) * TEST_SMALL.image_size  # (B, 2, 2)
+    labels = torch.tensor([[1.0, -1.0]] * b)  # (B, 2): a click + upstream's pad point
+    pe = model.sam_prompt_encoder
+    with torch.no_grad():
+        sparse = pe.embed_points(coords, labels)  # (B, 2, C)
+        shared = model.decode(emb, s0, s1, sparse, pe.no_mask_dense)
+        rows = model.decode(*(t.expand(b, -1, -1, -1) for t in (emb, s0, s1)), sparse, pe.no_mask_dense)
+    for got, ref in zip(shared, rows):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * max(1.0, float(ref.abs().max())))

@@ -10,8 +10,12 @@ at export; e = S/16, C = d_model):
        object_score [B,1]
 
 Row b of every output equals ``TokenDecoderGraph`` on row b's prompt. A grid prompt is one point and
-upstream's pad point, so K = 2 by default. The image is repeated to B rows by multiplying with a
-ones tensor (a broadcasting MUL; GPU delegates reject BROADCAST_TO), every tensor stays rank <= 4.
+upstream's pad point, so K = 2 by default. Every tensor stays rank <= 4.
+
+The LiteRT graph (``BatchedTokenDecoderGraph``) concatenates the image to B rows up front (GPU delegates
+reject BROADCAST_TO). The ONNX graph (``BatchedPointDecoderGraph``) hands the decoder the one image row:
+the first two-way layer then projects the image once instead of B times (``MaskDecoder.forward_tokens``),
+about a fifth of a prompt's FLOPs, and broadcasts.
 """
 
 from __future__ import annotations
@@ -78,10 +82,9 @@ class BatchedPointDecoderGraph(nn.Module):
         pe = self.model.sam_prompt_encoder
         valid = (point_labels != -2).to(point_coords.dtype)  # (B, N)
         sparse = pe.embed_points(point_coords, point_labels)  # (B, N, C)
-        emb = torch.cat([image_embeddings] * self.batch)  # (B, C, e, e)
-        s0 = torch.cat([feat_s0] * self.batch)  # (B, C/8, 4e, 4e)
-        s1 = torch.cat([feat_s1] * self.batch)  # (B, C/4, 2e, 2e)
-        masks, iou, obj = self.model.decode(emb, s0, s1, sparse, pe.no_mask_dense, valid)
+        # one image row for B prompts: the decoder does the prompt-independent image work once and
+        # broadcasts (``MaskDecoder.forward_tokens``); ONNX Add / MatMul broadcast natively
+        masks, iou, obj = self.model.decode(image_embeddings, feat_s0, feat_s1, sparse, pe.no_mask_dense, valid)
         dec = self.model.sam_mask_decoder
         m3, i3 = dec.multimask(masks, iou)
         m1, i1 = dec.single_mask(masks, iou)

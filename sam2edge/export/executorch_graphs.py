@@ -111,13 +111,13 @@ class XnnBatchedDecoderGraph(XnnDecoderGraph):
     input: image_embed, feat_s0, feat_s1 (as ``XnnDecoderGraph``, batch 1), points [B,N,2] float (X, Y)
     model-input pixels, labels [B,N] int64 (as ``XnnDecoderGraph``'s, -2 ignored slot) -> masks [B,3,4e,4e],
     iou_scores [B,3], single_mask [B,1,4e,4e], single_iou [B,1], object_score [B,1]. Row b equals
-    ``XnnDecoderGraph`` on row b's prompt without a mask. The image rows are repeated by multiplying with a
-    (B,1,1,1) ones buffer (a broadcasting multiply XNNPACK runs; a 64-input concatenation it does not)."""
+    ``XnnDecoderGraph`` on row b's prompt without a mask. The image stays one row: the decoder projects it
+    once and broadcasts (``MaskDecoder.forward_tokens``; XNNPACK runs broadcasting multiplies and adds, not a
+    64-input concatenation)."""
 
     def __init__(self, model: Sam2ImageModel, batch: int) -> None:
         super().__init__(model)
         self.batch = batch
-        self.register_buffer("rows", torch.ones(batch, 1, 1, 1, dtype=model.no_mem_embed.dtype))  # (B, 1, 1, 1)
 
     def forward(self, image_embed, feat_s0, feat_s1, points, labels):
         m = self.model
@@ -126,7 +126,7 @@ class XnnBatchedDecoderGraph(XnnDecoderGraph):
         valid = (lab != -2).to(dt)  # (B, N): ignored slots are removed as attention keys
         sparse = self.points.embed_points(points, lab).to(dt)  # (B, N, C)
         dense = m.sam_prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)  # (1, C, 1, 1), broadcast
-        emb, s0, s1 = (t.to(dt) * self.rows for t in (image_embed, feat_s0, feat_s1))  # (B, ., ., .) each
+        emb, s0, s1 = (t.to(dt) for t in (image_embed, feat_s0, feat_s1))  # one row each, shared by the B prompts
         masks, iou, obj = m.sam_mask_decoder(emb, self.image_pe().to(dt), sparse, dense, s0, s1, valid)
         return tuple(t.float() for t in m.answers(masks, iou, obj))
 

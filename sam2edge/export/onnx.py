@@ -43,12 +43,15 @@ from sam2edge.runtime.prompts import prompt_layout
 from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
-# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively
+# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask
+# head as upstream's one MatMul (the GPU channel-sum form costs n passes over (B, C/8, 4e, 4e): ~10 % of a
+# batched 64-prompt call at 1024 px, benchmarks/bench_everything.py)
 ONNX_REWRITES = Rewrites(
     attention_rank=4,
     attention_impl="math",
     transposed_conv="native",
     layer_norm="native",
+    mask_head="matmul",
     texture_limit=0,
 )
 CLICKS = 40

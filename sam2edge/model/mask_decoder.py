@@ -27,11 +27,27 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(inner, dim)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_bias: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: BxNqxC, k/v: BxNkxC, key_bias: BxNk or None -> BxNqxC."""
-        out = attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), self.num_heads, self.rw, key_bias)
-        return self.out_proj(out)
+        """q: BxNqxC, k/v: BxNkxC, key_bias: BxNk or None -> BxNqxC.
+
+        ``rows`` (Bx1x1 ones): q, or k and v, may then be ONE row shared by all B (the image of a batched
+        decode): it is projected once. Shared keys fold the B query rows into one (each query attends
+        alone, so that is exact and no row is copied); a shared query is broadcast to B rows by ``rows``.
+        """
+        q, k, v = self.q_proj(q), self.k_proj(k), self.v_proj(v)
+        if rows is not None and k.shape[0] == 1 and q.shape[0] > 1:
+            B, Nq, Ci = q.shape
+            out = attention(q.reshape(1, B * Nq, Ci), k, v, self.num_heads, self.rw, key_bias)  # (1, B*Nq, Cv)
+            return self.out_proj(out.reshape(B, Nq, -1))  # (B, Nq, C)
+        if rows is not None and q.shape[0] == 1:
+            q = q * rows  # (B, Nq, Ci): the shared query projection broadcast to every row
+        return self.out_proj(attention(q, k, v, self.num_heads, self.rw, key_bias))
 
 
 class TwoWayAttentionBlock(nn.Module):
@@ -55,8 +71,12 @@ class TwoWayAttentionBlock(nn.Module):
         query_pe: torch.Tensor,
         key_pe: torch.Tensor,
         token_bias: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """queries BxTxC (tokens), keys BxHWxC (image); token_bias BxT removes ignored tokens as keys."""
+        """queries BxTxC (tokens), keys BxHWxC (image); token_bias BxT removes ignored tokens as keys.
+
+        ``rows`` (Bx1x1 ones) with keys 1xHWxC: one image shared by B prompt rows; its projections are
+        computed once (``Attention``) and the returned keys have B rows."""
         if self.skip_first_layer_pe:
             queries = self.self_attn(queries, queries, queries, token_bias)
         else:
@@ -64,10 +84,10 @@ class TwoWayAttentionBlock(nn.Module):
             queries = queries + self.self_attn(q, q, queries, token_bias)
         queries = self.norm1(queries)
         q, k = queries + query_pe, keys + key_pe
-        queries = self.norm2(queries + self.cross_attn_token_to_image(q, k, keys))
+        queries = self.norm2(queries + self.cross_attn_token_to_image(q, k, keys, rows=rows))
         queries = self.norm3(queries + self.mlp(queries))
-        q, k = queries + query_pe, keys + key_pe
-        keys = self.norm4(keys + self.cross_attn_image_to_token(k, q, queries, token_bias))
+        q = queries + query_pe  # keys (and so k) are unchanged since the line above
+        keys = self.norm4(keys + self.cross_attn_image_to_token(k, q, queries, token_bias, rows=rows))  # (B, HW, C)
         return queries, keys
 
 
@@ -80,15 +100,23 @@ class TwoWayTransformer(nn.Module):
         self.norm_final_attn = LayerNorm(d, 1e-5, rw)
 
     def forward(
-        self, image: torch.Tensor, image_pe: torch.Tensor, tokens: torch.Tensor, token_bias: torch.Tensor | None = None
+        self,
+        image: torch.Tensor,
+        image_pe: torch.Tensor,
+        tokens: torch.Tensor,
+        token_bias: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """image, image_pe: BxCxHxW; tokens: BxTxC; token_bias: BxT or None -> (tokens BxTxC, image BxHWxC)."""
+        """image, image_pe: BxCxHxW; tokens: BxTxC; token_bias: BxT or None -> (tokens BxTxC, image BxHWxC).
+
+        ``rows`` (Bx1x1 ones) with a 1xCxHxW image: one image for B prompt rows (batched decoding); the
+        first layer works on it once where the prompt does not enter and returns B rows."""
         B, C, H, W = image.shape
-        keys = image.reshape(B, C, H * W).transpose(1, 2)  # (B, HW, C)
+        keys = image.reshape(B, C, H * W).transpose(1, 2)  # (1|B, HW, C)
         key_pe = image_pe.reshape(image_pe.shape[0], C, H * W).transpose(1, 2)  # (1|B, HW, C)
         queries = tokens
         for layer in self.layers:
-            queries, keys = layer(queries, keys, tokens, key_pe, token_bias)
+            queries, keys = layer(queries, keys, tokens, key_pe, token_bias, rows)
         q, k = queries + tokens, keys + key_pe
         queries = self.norm_final_attn(queries + self.final_attn_token_to_image(q, k, keys))
         return queries, keys
@@ -146,6 +174,9 @@ class MaskDecoder(nn.Module):
         """image_embed Bx C x e x e (no_mem added); image_pe 1xCxexe; sparse BxNxC; dense BxCxexe;
         feat_s0 Bx(C/8)x4ex4e; feat_s1 Bx(C/4)x2ex2e -> (masks Bx4x4ex4e, iou Bx4, object_score Bx1,
         mask tokens Bx4xC: the decoder's output tokens, from which the video model makes object pointers).
+        image_embed and dense may have 1 row for B prompts (batched decoding: the image-side work that
+        does not depend on the prompt is then done once, see ``TwoWayAttentionBlock``); feat_s0 / feat_s1
+        then have 1 or B rows (added by broadcasting).
 
         sparse_valid: optional BxN of 1.0 (token used) / 0.0 (ignored slot). An ignored token is
         removed as an attention key everywhere, so a fixed-size prompt input with ignored slots
@@ -155,12 +186,14 @@ class MaskDecoder(nn.Module):
         out_tokens = torch.cat([self.obj_score_token.weight, self.iou_token.weight, self.mask_tokens.weight], dim=0)
         # B copies by concatenation, not expand: a converter folds it into a constant, never BROADCAST_TO
         tokens = torch.cat([torch.cat([out_tokens.unsqueeze(0)] * B), sparse], dim=1)  # (B, 2+n+N, C)
-        src = image_embed + dense  # (B, C, e, e)
+        src = image_embed + dense  # (B|1, C, e, e)
         token_bias = None
         if sparse_valid is not None:
             out_valid = torch.ones_like(sparse_valid[:, :1]).expand(B, out_tokens.shape[0])  # (B, 2+n)
             token_bias = (torch.cat([out_valid, sparse_valid], dim=1) - 1.0) * 1e4  # (B, T): 0 or -1e4
-        hs, src = self.transformer(src, image_pe, tokens, token_bias)  # (B, T, C), (B, e*e, C)
+        # one image for B prompts (batched decoding): the transformer's first layer uses it once
+        rows = torch.ones_like(sparse[:, :1, :1]) if src.shape[0] < B else None  # (B, 1, 1) or None
+        hs, src = self.transformer(src, image_pe, tokens, token_bias, rows)  # (B, T, C), (B, e*e, C)
         _, c, h, w = image_embed.shape
         src = src.transpose(1, 2).reshape(B, c, h, w)  # (B, C, e, e)
         up1, ln1, act1, up2, act2 = self.output_upscaling

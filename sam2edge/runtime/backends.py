@@ -94,8 +94,7 @@ class EagerBackend:
         sparse = pe.embed_points(
             torch.as_tensor(coords, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.float32)
         )  # (B, N, C)
-        b = sparse.shape[0]
-        f = [torch.from_numpy(a).expand(b, -1, -1, -1) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]
+        f = [torch.from_numpy(a) for a in (feats.image_embed, feats.feat_s0, feats.feat_s1)]  # one row each
         return Decoded(*(t.numpy() for t in self.model.answers(*self.model.decode(*f, sparse, pe.no_mask_dense))))
 
 
