@@ -50,7 +50,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
     path = Path(path)
     if not path.is_file():
         raise WeightsError(
-            f"checkpoint {path} does not exist; pass the path of sam2.1_hiera_tiny.pt or model.safetensors"
+            f"checkpoint {path} does not exist; pass the path of a SAM 2.1 checkpoint"
+            " (sam2.1_hiera_*.pt or model.safetensors)"
         )
     try:
         if path.suffix == ".safetensors":
@@ -68,7 +69,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
         ) from None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise WeightsError(
-            f"checkpoint {path} holds no tensor state dict; pass sam2.1_hiera_tiny.pt or model.safetensors"
+            f"checkpoint {path} holds no tensor state dict;"
+            " pass a SAM 2.1 checkpoint (sam2.1_hiera_*.pt or model.safetensors)"
         )
     fmt = "hf" if any(k.startswith(("vision_encoder.", "mask_decoder.")) for k in sd) else "meta"
     return sd, fmt
@@ -113,7 +115,7 @@ def to_sam2edge(sd: dict[str, torch.Tensor], fmt: str, expected: dict[str, torch
         raise WeightsError(
             f"checkpoint {source} does not match SAM 2.1 {fmt} naming: "
             + "; ".join(problems)
-            + "; pass an unmodified sam2.1_hiera_tiny.pt or model.safetensors"
+            + "; pass an unmodified SAM 2.1 checkpoint (sam2.1_hiera_*.pt or model.safetensors)"
         )
     return out
 
