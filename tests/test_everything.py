@@ -24,9 +24,10 @@ from sam2edge.bundle import load_card
 from sam2edge.checks.fidelity import photo
 from sam2edge.checks.fidelity.upstream import upstream_from_state_dict
 from sam2edge.cli.main import main
-from sam2edge.config import TEST_SMALL
+from sam2edge.config import HIERA_TINY, TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.export.batched import BATCH
+from sam2edge.export.batched import BATCH, GPU_TENSOR_BYTES, BatchedTokenDecoderGraph, rows_per_slice, sample_inputs
+from sam2edge.model import Rewrites, build_sam2
 from sam2edge.runtime import amg_utils as amg
 from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
 from sam2edge.runtime.backends import EagerBackend, decode_batch, decode_loop
@@ -186,6 +187,28 @@ def test_eager_batched_decode_equals_single_decodes(confident, chelsea):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
 
 
+def test_litert_batched_graph_slices_rows_to_fit_gpu_allocations():
+    """At 1024 px 64 prompt rows in one tensor exceed a GPU allocation (the zero-stuffed up-convolution input:
+    1.1 GB; SwiftShader refuses > 1 GiB): the LiteRT batched graph decodes static slices of rows whose largest
+    tensor fits GPU_TENSOR_BYTES, and a sliced graph equals the one-slice graph row for row."""
+    e, c = HIERA_TINY.image_embedding_size, HIERA_TINY.d_model
+    step = rows_per_slice(HIERA_TINY)
+    assert 1 < step < BATCH and step * 4 * c * (2 * e + 1) ** 2 <= GPU_TENSOR_BYTES
+    assert rows_per_slice(TEST_SMALL) >= BATCH  # test-small: one slice, the graph CI converts is unsliced
+    model = build_sam2(TEST_SMALL, Rewrites()).eval()
+    model.load_state_dict(load_weights(None, TEST_SMALL)[0])
+    x = sample_inputs(model, 7)
+    two_rows = 2 * 4 * 32 * 33**2  # test-small, one row: the up-conv input, 32 channels x 33^2 fp32 = 139 kB
+    assert rows_per_slice(TEST_SMALL, two_rows) == 2
+    sliced, whole = BatchedTokenDecoderGraph(model, 7, budget=two_rows), BatchedTokenDecoderGraph(model, 7)
+    assert (sliced.step, whole.step) == (2, 7)  # 4 slices: 2, 2, 2, 1 rows
+    with torch.no_grad():
+        got, ref = sliced(**x), whole(**x)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.shape[0] == 7
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * max(1.0, float(b.abs().max())))
+
+
 def test_bad_arguments_are_one_line_errors(confident):
     _, predictor = confident
     with pytest.raises(UserError, match="output_mode"):
@@ -298,6 +321,37 @@ def test_batched_graph_equals_single_decodes(small_bundle, chelsea, target):
         x, y = getattr(a, f), getattr(b, f)
         assert x.shape == y.shape and x.shape[0] == BATCH + 2
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
+
+
+def test_sliced_litert_batched_graph_is_gpu_resident(tmp_path):
+    """The LiteRT batched graph as full size builds it (several row slices in one graph; forced here at
+    test-small by a 2-row budget): lint-clean, every op on the GPU delegate in one partition, GPU = CPU."""
+    from sam2edge.checks.gpu.check import _ops_total, run_on
+    from sam2edge.checks.gpu.delegate_log import parse_delegate_log
+    from sam2edge.checks.gpu.feeds import Feeds
+    from sam2edge.checks.tflite.lint import lint_file
+    from sam2edge.export.litert import DECODER_OUTPUTS, NamedOutputs, convert_graph
+
+    model = build_sam2(TEST_SMALL, Rewrites()).eval()
+    model.load_state_dict(load_weights(None, TEST_SMALL)[0])
+    graph = BatchedTokenDecoderGraph(model, 5, budget=2 * 4 * 32 * 33**2)  # slices of 2, 2, 1 rows
+    x = sample_inputs(model, 5)
+    path = tmp_path / "decoder_batched.tflite"
+    convert_graph(NamedOutputs(graph, DECODER_OUTPUTS), x, path, "fp32")
+    r = lint_file(path)
+    assert r.clean and r.max_rank <= 4 and not r.banned, r.verdict
+    arrays = {k: v.numpy() for k, v in x.items()}
+    feeds = Feeds(arrays=arrays, runs=[{k: k for k in arrays}])
+    gpu, _, log = run_on(path, "gpu", feeds)
+    cpu, _, _ = run_on(path, "cpu", feeds)
+    res = parse_delegate_log(log, _ops_total(path))
+    assert res.ops_gpu == res.ops_total > 0 and res.partitions == 1 and not res.rejected and not res.gpu_errors
+    with torch.no_grad():
+        ref = dict(zip(DECODER_OUTPUTS, graph(**x)))
+    for k in cpu:
+        scale = max(1.0, float(np.abs(cpu[k]).max()))
+        np.testing.assert_allclose(gpu[k], cpu[k], rtol=0, atol=1e-5 * scale, err_msg=k)
+        np.testing.assert_allclose(cpu[k], ref[k.split("/")[-1]].numpy(), rtol=0, atol=1e-4 * scale, err_msg=k)
 
 
 @pytest.mark.parametrize("target", list(BATCHED_FILES))

@@ -267,34 +267,44 @@ def test_mismatched_config_is_one_line(small_s_checkpoints, tmp_path, capsys):
 
 # ---------------------------------------------------------------- exports of a non-tiny size
 @pytest.fixture(scope="module")
-def bplus_bundles(tmp_path_factory) -> dict[str, Path]:
-    """test-small-b+ (2 heads in stage 1, 14x14 pos-embed background) exported with the size auto-detected."""
+def bplus_bundles(tmp_path_factory):
+    """test-small-b+ (2 heads in stage 1, 14x14 pos-embed background) exported with the size auto-detected:
+    ``bplus_bundles(target)`` (ONNX from an HF .safetensors, LiteRT from a Meta .pt), exported on first use."""
     d = tmp_path_factory.mktemp("bplus")
     sd = synthetic_state_dict(CONFIGS["test-small-b+"], seed=6)
-    ckpts = {"litert": d / "model.safetensors", "onnx": d / "sam2.1_hiera_b+_test.pt"}
-    save_checkpoint(sd, "hf", ckpts["litert"])
-    save_checkpoint(sd, "meta", ckpts["onnx"])
-    out = {}
-    for target, ckpt in ckpts.items():
-        out[target] = d / target
-        assert main(["export", "--target", target, "--checkpoint", str(ckpt), "--out", str(out[target])]) == 0
-    return out
+    ckpts = {"onnx": (d / "model.safetensors", "hf"), "litert": (d / "sam2.1_hiera_b+_test.pt", "meta")}
+    out: dict[str, Path] = {}
+
+    def get(target: str) -> Path:
+        if target not in out:
+            ckpt, fmt = ckpts[target]
+            save_checkpoint(sd, fmt, ckpt)
+            bundle = d / target
+            assert main(["export", "--target", target, "--checkpoint", str(ckpt), "--out", str(bundle)]) == 0
+            out[target] = bundle
+        return out[target]
+
+    return get
 
 
-@pytest.mark.parametrize("target", ["litert", "onnx"])
+# the LiteRT export (~100 s) is slow: the test-small LiteRT export covers its code path in CI, and full-size
+# small and base-plus LiteRT bundles were exported and GPU-checked (notes/issue-19.md)
+@pytest.mark.parametrize("target", [pytest.param("litert", marks=pytest.mark.slow), "onnx"])
 def test_reduced_base_plus_exports_verified(bplus_bundles, target):
     import json
 
-    card = json.loads((bplus_bundles[target] / "card.json").read_text())
+    bundle = bplus_bundles(target)
+    card = json.loads((bundle / "card.json").read_text())
     assert card["config"] == "test-small-b+" and "--config test-small-b+" in card["command"]
     assert card["model_id"] == "sam2.1-hiera-base-plus" and card["base_model"] == "facebook/sam2.1-hiera-base-plus"
     assert card["status"] == "shippable", card["status"]
-    assert Sam2Predictor.from_export(bplus_bundles[target]).cfg == CONFIGS["test-small-b+"]
+    assert Sam2Predictor.from_export(bundle).cfg == CONFIGS["test-small-b+"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["encoder.tflite", "decoder.tflite", "mask_encoder.tflite"])
 def test_reduced_base_plus_litert_lint_clean(bplus_bundles, name, capsys):
-    assert main(["lint", str(bplus_bundles["litert"] / name)]) == 0
+    assert main(["lint", str(bplus_bundles("litert") / name)]) == 0
     assert "GPU problem" not in capsys.readouterr().out
 
 

@@ -12,9 +12,13 @@ at export; e = S/16, C = d_model):
 Row b of every output equals ``TokenDecoderGraph`` on row b's prompt. A grid prompt is one point and
 upstream's pad point, so K = 2 by default. Every tensor stays rank <= 4.
 
-The LiteRT graph (``BatchedTokenDecoderGraph``) concatenates the image to B rows up front (GPU delegates
-reject BROADCAST_TO). The ONNX graph (``BatchedPointDecoderGraph``) hands the decoder the one image row:
-the first two-way layer then projects the image once instead of B times (``MaskDecoder.forward_tokens``),
+The LiteRT graph (``BatchedTokenDecoderGraph``) concatenates the image to rows up front (GPU delegates
+reject BROADCAST_TO) and decodes the B prompts in static slices of ``rows_per_slice`` rows, so that no
+tensor outgrows a GPU allocation (``GPU_TENSOR_BYTES``; at 1024 px one prompt's zero-stuffed up-convolution
+input alone is 17 MB: 64 rows in one tensor, 1.1 GB, exceed what the GPU delegate may allocate).
+
+The ONNX graph (``BatchedPointDecoderGraph``) and ExecuTorch's hand the decoder the one image row: the
+first two-way layer then projects the image once instead of B times (``MaskDecoder.forward_tokens``),
 about a fifth of a prompt's FLOPs, and broadcasts.
 """
 
@@ -30,25 +34,44 @@ from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE  # noqa: F401 -
 BATCH = 64  # prompts per call: a 32x32 grid is 16 calls (``options={"batch": B}`` / ``job.state["batch"]``)
 GRID_TOKENS = 2  # one point + upstream's pad point
 BATCHED_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+# Largest tensor of the LiteRT batched graph: WebGPU's default maxBufferSize (256 MiB); SwiftShader's
+# Vulkan device, which the GPU check runs, refuses allocations above 1 GiB ("RESOURCE_EXHAUSTED").
+GPU_TENSOR_BYTES = 256 * 2**20
+
+
+def rows_per_slice(cfg, budget: int = GPU_TENSOR_BYTES) -> int:
+    """Prompt rows per decoder slice so that the largest fp32 tensor fits ``budget`` bytes: the zero-stuffed,
+    padded inputs of the two up-convolutions, C x (2e+1)^2 and C/4 x (4e+1)^2 floats per row (15 rows at
+    1024 px, 1928 at test-small's 256 px)."""
+    e, c = cfg.image_embedding_size, cfg.d_model
+    per_row = 4 * max(c * (2 * e + 1) ** 2, c // 4 * (4 * e + 1) ** 2)  # bytes
+    return max(1, budget // per_row)
 
 
 class BatchedTokenDecoderGraph(nn.Module):
-    """B token-input prompts against one image embedding (module docstring for the contract)."""
+    """B token-input prompts against one image embedding (module docstring for the contract), decoded in
+    static slices of ``rows_per_slice(cfg, budget)`` rows (each slice exactly the decoder on its rows)."""
 
-    def __init__(self, model: Sam2ImageModel, batch: int = BATCH) -> None:
+    def __init__(self, model: Sam2ImageModel, batch: int = BATCH, budget: int = GPU_TENSOR_BYTES) -> None:
         super().__init__()
         self.model, self.batch = model, batch
-        self.register_buffer("rows", torch.ones(batch, 1, 1, 1), persistent=False)  # (B, 1, 1, 1)
+        self.step = min(batch, rows_per_slice(model.cfg, budget))
 
     def forward(self, image_embeddings, feat_s0, feat_s1, sparse_prompt, sparse_valid, dense_prompt):
-        emb = torch.cat([image_embeddings] * self.batch)  # (B, C, e, e)
-        s0 = torch.cat([feat_s0] * self.batch)  # (B, C/8, 4e, 4e)
-        s1 = torch.cat([feat_s1] * self.batch)  # (B, C/4, 2e, 2e)
-        masks, iou, obj = self.model.decode(emb, s0, s1, sparse_prompt, dense_prompt, sparse_valid)
-        dec = self.model.sam_mask_decoder
-        m3, i3 = dec.multimask(masks, iou)
-        m1, i1 = dec.single_mask(masks, iou)
-        return m3, i3, m1, i1, obj
+        emb = torch.cat([image_embeddings] * self.step)  # (step, C, e, e)
+        s0 = torch.cat([feat_s0] * self.step)  # (step, C/8, 4e, 4e)
+        s1 = torch.cat([feat_s1] * self.step)  # (step, C/4, 2e, 2e)
+        dec, parts = self.model.sam_mask_decoder, []
+        for i in range(0, self.batch, self.step):  # static slices of prompt rows
+            n = min(self.step, self.batch - i)
+            rows = slice(i, i + n)
+            masks, iou, obj = self.model.decode(
+                emb[:n], s0[:n], s1[:n], sparse_prompt[rows], dense_prompt, sparse_valid[rows]
+            )
+            parts.append((*dec.multimask(masks, iou), *dec.single_mask(masks, iou), obj))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat(outs) for outs in zip(*parts))  # m3, i3, m1, i1, obj with B rows
 
 
 def sample_inputs(model: Sam2ImageModel, batch: int = BATCH, tokens: int = GRID_TOKENS) -> dict[str, torch.Tensor]:
