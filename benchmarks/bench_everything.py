@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument(
         "--workdir", default="bench-everything", help="where --export writes its bundles (reused by a later run)"
     )
+    ap.add_argument("--no-eager", action="store_true", help="leave sam2edge eager out (upstream and bundles only)")
     ap.add_argument("--photo", default="astronaut.png", help="a photo bundled with scikit-image")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -105,12 +106,11 @@ def main() -> None:
         kw.update(pred_iou_thresh=0.0, stability_score_thresh=0.0, box_nms_thresh=1.0)
     path = meta_image_path(cfg, seed=0)
     install_torchvision_ops(nms=batched_nms)  # upstream gets a vectorised NMS too, not the tests' brute force
-    runners = {
-        "upstream": upstream_generator(path, cfg, **kw).generate,
-        "sam2edge-eager": Sam2AutomaticMaskGenerator(
+    runners = {"upstream": upstream_generator(path, cfg, **kw).generate}
+    if not args.no_eager:
+        runners["sam2edge-eager"] = Sam2AutomaticMaskGenerator(
             Sam2Predictor(EagerBackend.from_state_dict(path.state_dict(), cfg)), **kw
-        ).generate,
-    }
+        ).generate
     for target in args.export:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
         folder = export_with_batched(target, path.state_dict(), args.config, args.points_per_batch, Path(args.workdir))

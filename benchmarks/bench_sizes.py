@@ -45,8 +45,8 @@ def _perturbed(cfg: Sam2Config, seed: int) -> UpstreamImagePath:
     return ref.eval()
 
 
-def _subjects(cfg: Sam2Config) -> dict:
-    """name -> (encode(x), decode(feats, coords, labels)) for upstream and sam2edge, same weights."""
+def _subjects(cfg: Sam2Config, eager: bool = True) -> dict:
+    """name -> (encode(x), decode(feats, coords, labels)) for upstream and (``eager``) sam2edge, same weights."""
     ref = _perturbed(cfg, 0)
     ours = build_sam2(cfg, Rewrites())
     ours.load_state_dict(ref.state_dict())
@@ -58,10 +58,10 @@ def _subjects(cfg: Sam2Config) -> dict:
         masks, iou, _ = ours.decode(*f, pe.embed_points(pad_c, pad_l), pe.no_mask_dense)
         return ours.sam_mask_decoder.multimask(masks, iou)
 
-    return {
-        "upstream": (ref.encode, lambda f, c, lab: ref.decode(f, c, lab.int())),
-        "sam2edge": (ours.encode_image, ours_decode),
-    }
+    subjects = {"upstream": (ref.encode, lambda f, c, lab: ref.decode(f, c, lab.int()))}
+    if eager:
+        subjects["sam2edge"] = (ours.encode_image, ours_decode)
+    return subjects
 
 
 def _bundle_subjects(bundles: list[Path], threads: int) -> dict:
@@ -92,9 +92,11 @@ def size_bundles(config: str, out: Path) -> list[Path]:
     return found
 
 
-def time_size(cfg: Sam2Config, runs: int, warmup: int, clicks: int, bundles: dict | None = None) -> dict:
+def time_size(
+    cfg: Sam2Config, runs: int, warmup: int, clicks: int, bundles: dict | None = None, eager: bool = True
+) -> dict:
     """{subject: {"encoder_ms": [...], "click_ms": [...]}} over interleaved rounds (``bundles``: more subjects)."""
-    subjects = {**_subjects(cfg), **(bundles or {})}
+    subjects = {**_subjects(cfg, eager), **(bundles or {})}
     x = preprocess(photo("astronaut.png"), cfg.image_size)
     s = cfg.image_size / 1024
     coords, labels = torch.tensor([[[520.0 * s, 380.0 * s]]]), torch.tensor([[1]], dtype=torch.int32)
@@ -118,20 +120,27 @@ def time_size(cfg: Sam2Config, runs: int, warmup: int, clicks: int, bundles: dic
 
 
 def export_sizes(config: str, targets: list[str], out: Path) -> dict[str, dict[str, int]]:
-    """{target: {artifact: bytes}} of an fp32 export of ``config`` (synthetic weights), reusing a bundle."""
+    """Export ``config`` (synthetic weights, fp32) to each target under ``out`` unless a bundle is there;
+    {target: {"error": exit code}} for an export that failed."""
     from sam2edge.cli.main import main as sam2edge_main
 
-    sizes = {}
+    failed = {}
     for target in targets:
         bundle = out / f"{config}-{target}"
         if not (bundle / "card.json").is_file():
             rc = sam2edge_main(["export", "--target", target, "--config", config, "--out", str(bundle)])
             if rc:
-                sizes[target] = {"error": rc}
-                continue
+                failed[target] = {"error": rc}
+    return failed
+
+
+def bundle_files(bundles: list[Path]) -> dict[str, dict[str, int]]:
+    """{"target precision": {artifact: bytes}} of each bundle, from its card."""
+    out = {}
+    for bundle in bundles:
         card = json.loads((bundle / "card.json").read_text())
-        sizes[target] = {a["file"]: int(a["bytes"]) for a in card["artifacts"]}
-    return sizes
+        out[f"{card['target']} {card['precision']}"] = {a["file"]: int(a["bytes"]) for a in card["artifacts"]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", default="", help="targets to export per size for file sizes, e.g. litert,onnx")
     p.add_argument("--out", default="bench-sizes", help="folder for the --export bundles")
     p.add_argument("--json", help="write every number here too")
+    p.add_argument("--no-eager", action="store_true", help="leave sam2edge eager out (upstream and bundles only)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)
@@ -158,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(t.numel() for t in build_sam2(cfg).parameters())
         print(f"{size}: {name} at {cfg.image_size}px ...", file=sys.stderr, flush=True)
         res = {"config": name, "resolution": cfg.image_size, "params": params}
-        if a.export:
-            res["files"] = export_sizes(name, a.export.split(","), Path(a.out))
+        failed = export_sizes(name, a.export.split(","), Path(a.out)) if a.export else {}
         found = size_bundles(name, Path(a.out)) if Path(a.out).is_dir() else []
         res["bundles"] = [str(b) for b in found]
-        res["timing"] = time_size(cfg, a.runs, a.warmup, a.clicks, _bundle_subjects(found, a.threads))
+        res["files"] = {**bundle_files(found), **failed}
+        bundles = _bundle_subjects(found, a.threads)
+        res["timing"] = time_size(cfg, a.runs, a.warmup, a.clicks, bundles, eager=not a.no_eager)
         results[size] = res
     print(format_table(results, a.threads, a.runs, a.clicks))
     if a.json:
@@ -194,7 +205,9 @@ def format_table(results: dict, threads: int, runs: int, clicks: int) -> str:
             )
         for target, files in r.get("files", {}).items():
             desc = ", ".join(
-                f"{k} {v / 1e6:.1f} MB" if k != "error" else f"export failed ({v})" for k, v in files.items()
+                f"{k} {v / 1e6:.1f} MB" if k != "error" else f"export failed ({v})"
+                for k, v in files.items()
+                if k == "error" or v >= 100_000  # the model files, not the small host tables
             )
             lines.append(f"{'':<10} files {target}: {desc}")
     return "\n".join(lines)
