@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sam2edge.config import Sam2Config
 from sam2edge.model import Sam2ImageModel
 from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE  # noqa: F401 - the bundle file name
 
@@ -39,10 +40,10 @@ BATCHED_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_s
 GPU_TENSOR_BYTES = 256 * 2**20
 
 
-def rows_per_slice(cfg, budget: int = GPU_TENSOR_BYTES) -> int:
+def rows_per_slice(cfg: Sam2Config, budget: int = GPU_TENSOR_BYTES) -> int:
     """Prompt rows per decoder slice so that the largest fp32 tensor fits ``budget`` bytes: the zero-stuffed,
     padded inputs of the two up-convolutions, C x (2e+1)^2 and C/4 x (4e+1)^2 floats per row (15 rows at
-    1024 px, 1928 at test-small's 256 px)."""
+    1024 px, 1925 at test-small's 256 px)."""
     e, c = cfg.image_embedding_size, cfg.d_model
     per_row = 4 * max(c * (2 * e + 1) ** 2, c // 4 * (4 * e + 1) ** 2)  # bytes
     return max(1, budget // per_row)
