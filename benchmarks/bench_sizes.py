@@ -64,14 +64,12 @@ def _subjects(cfg: Sam2Config, eager: bool = True) -> dict:
     return subjects
 
 
-def _bundle_subjects(bundles: list[Path], threads: int) -> dict:
+def _bundle_subjects(bundles: dict[Path, dict], threads: int) -> dict:
     """name -> (encode, decode) of each bundle's runtime (model-input coords with sam2edge's pad point)."""
-    from sam2edge.bundle import load_card
     from sam2edge.checks.fidelity.verify import open_backend
 
     out = {}
-    for folder in bundles:
-        card = load_card(folder)
+    for folder, card in bundles.items():
         runner = open_backend(folder, card, threads=threads)
 
         def decode(f, coords, labels, runner=runner):
@@ -83,13 +81,12 @@ def _bundle_subjects(bundles: list[Path], threads: int) -> dict:
     return out
 
 
-def size_bundles(config: str, out: Path) -> list[Path]:
-    """The bundles under ``out`` whose card.json names ``config``, by folder name."""
-    found = []
-    for card in sorted(out.glob("*/card.json")):
-        if json.loads(card.read_text()).get("config") == config:
-            found.append(card.parent)
-    return found
+def size_bundles(config: str, out: Path) -> dict[Path, dict]:
+    """{folder: card} of the bundles under ``out`` whose card names ``config``, by folder name."""
+    from sam2edge.bundle import load_card
+
+    cards = {path.parent: load_card(path.parent) for path in sorted(out.glob("*/card.json"))}
+    return {folder: card for folder, card in cards.items() if card.get("config") == config}
 
 
 def time_size(
@@ -134,13 +131,12 @@ def export_sizes(config: str, targets: list[str], out: Path) -> dict[str, dict[s
     return failed
 
 
-def bundle_files(bundles: list[Path]) -> dict[str, dict[str, int]]:
+def bundle_files(bundles: dict[Path, dict]) -> dict[str, dict[str, int]]:
     """{"target precision": {artifact: bytes}} of each bundle, from its card."""
-    out = {}
-    for bundle in bundles:
-        card = json.loads((bundle / "card.json").read_text())
-        out[f"{card['target']} {card['precision']}"] = {a["file"]: int(a["bytes"]) for a in card["artifacts"]}
-    return out
+    return {
+        f"{card['target']} {card['precision']}": {a["file"]: int(a["bytes"]) for a in card["artifacts"]}
+        for card in bundles.values()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{size}: {name} at {cfg.image_size}px ...", file=sys.stderr, flush=True)
         res = {"config": name, "resolution": cfg.image_size, "params": params}
         failed = export_sizes(name, a.export.split(","), Path(a.out)) if a.export else {}
-        found = size_bundles(name, Path(a.out)) if Path(a.out).is_dir() else []
+        found = size_bundles(name, Path(a.out)) if Path(a.out).is_dir() else {}
         res["bundles"] = [str(b) for b in found]
         res["files"] = {**bundle_files(found), **failed}
         bundles = _bundle_subjects(found, a.threads)

@@ -187,6 +187,11 @@ def test_eager_batched_decode_equals_single_decodes(confident, chelsea):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5 * max(1.0, float(np.abs(y).max())), err_msg=f)
 
 
+# a LiteRT batched-graph budget of two test-small rows: one row's largest tensor is the up-conv input,
+# 32 channels x 33^2 fp32 = 139 kB
+TWO_ROWS = 2 * 4 * 32 * 33**2
+
+
 def test_litert_batched_graph_slices_rows_to_fit_gpu_allocations():
     """At 1024 px 64 prompt rows in one tensor exceed a GPU allocation (the zero-stuffed up-convolution input:
     1.1 GB; SwiftShader refuses > 1 GiB): the LiteRT batched graph decodes static slices of rows whose largest
@@ -198,9 +203,8 @@ def test_litert_batched_graph_slices_rows_to_fit_gpu_allocations():
     model = build_sam2(TEST_SMALL, Rewrites()).eval()
     model.load_state_dict(load_weights(None, TEST_SMALL)[0])
     x = sample_inputs(model, 7)
-    two_rows = 2 * 4 * 32 * 33**2  # test-small, one row: the up-conv input, 32 channels x 33^2 fp32 = 139 kB
-    assert rows_per_slice(TEST_SMALL, two_rows) == 2
-    sliced, whole = BatchedTokenDecoderGraph(model, 7, budget=two_rows), BatchedTokenDecoderGraph(model, 7)
+    assert rows_per_slice(TEST_SMALL, TWO_ROWS) == 2
+    sliced, whole = BatchedTokenDecoderGraph(model, 7, budget=TWO_ROWS), BatchedTokenDecoderGraph(model, 7)
     assert (sliced.step, whole.step) == (2, 7)  # 4 slices: 2, 2, 2, 1 rows
     with torch.no_grad():
         got, ref = sliced(**x), whole(**x)
@@ -334,7 +338,7 @@ def test_sliced_litert_batched_graph_is_gpu_resident(tmp_path):
 
     model = build_sam2(TEST_SMALL, Rewrites()).eval()
     model.load_state_dict(load_weights(None, TEST_SMALL)[0])
-    graph = BatchedTokenDecoderGraph(model, 5, budget=2 * 4 * 32 * 33**2)  # slices of 2, 2, 1 rows
+    graph = BatchedTokenDecoderGraph(model, 5, budget=TWO_ROWS)  # slices of 2, 2, 1 rows
     x = sample_inputs(model, 5)
     path = tmp_path / "decoder_batched.tflite"
     convert_graph(NamedOutputs(graph, DECODER_OUTPUTS), x, path, "fp32")

@@ -95,12 +95,13 @@ class BatchedPointDecoderGraph(nn.Module):
 
     in : image_embeddings [1,C,e,e], feat_s0, feat_s1 (as above), point_coords [B,N,2] (X, Y) model-input
          pixels, point_labels [B,N] float (1 fg, 0 bg, -1 pad, -2 ignored slot); no mask input.
-    out: as ``BatchedTokenDecoderGraph``. Row b equals ``PointDecoderGraph`` on row b's prompt.
+    out: as ``BatchedTokenDecoderGraph``. Row b equals ``PointDecoderGraph`` on row b's prompt. B and N are
+    those of the sample inputs it is traced with (``point_sample_args``).
     """
 
-    def __init__(self, model: Sam2ImageModel, batch: int = BATCH) -> None:
+    def __init__(self, model: Sam2ImageModel) -> None:
         super().__init__()
-        self.model, self.batch = model, batch
+        self.model = model
 
     def forward(self, image_embeddings, feat_s0, feat_s1, point_coords, point_labels):
         pe = self.model.sam_prompt_encoder
@@ -134,7 +135,7 @@ def export_onnx(model: Sam2ImageModel, path, batch: int = BATCH, points: int = G
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            BatchedPointDecoderGraph(model, batch).eval(),
+            BatchedPointDecoderGraph(model).eval(),
             args,
             str(path),
             dynamo=False,

@@ -187,7 +187,7 @@ def _graphs(job) -> dict:
         DECODER_FILE: ("decoder", XnnDecoderGraph(decoder), decoder_inputs(job.cfg, MAX_POINTS)),
         BATCHED_DECODER_FILE: (
             "decoder-batched",
-            XnnBatchedDecoderGraph(decoder, bat.batch_size(job)),
+            XnnBatchedDecoderGraph(decoder),
             batched_decoder_inputs(job.cfg, bat.batch_size(job)),
         ),
     }

@@ -113,11 +113,8 @@ class XnnBatchedDecoderGraph(XnnDecoderGraph):
     iou_scores [B,3], single_mask [B,1,4e,4e], single_iou [B,1], object_score [B,1]. Row b equals
     ``XnnDecoderGraph`` on row b's prompt without a mask. The image stays one row: the decoder projects it
     once and broadcasts (``MaskDecoder.forward_tokens``; XNNPACK runs broadcasting multiplies and adds, not a
-    64-input concatenation)."""
-
-    def __init__(self, model: Sam2ImageModel, batch: int) -> None:
-        super().__init__(model)
-        self.batch = batch
+    64-input concatenation). B and N are those of the sample inputs it is traced with
+    (``batched_decoder_inputs``)."""
 
     def forward(self, image_embed, feat_s0, feat_s1, points, labels):
         m = self.model
