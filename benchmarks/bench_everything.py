@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from amg_oracle import install_torchvision_ops, upstream_generator  # noqa: E402
 from oracles import meta_image_path  # noqa: E402
 
+from sam2edge.checks.bench.records import loadavg, machine  # noqa: E402
 from sam2edge.checks.fidelity import photo  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
 from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
@@ -124,10 +125,13 @@ def main() -> None:
         records = timed_interleaved(runners, image, args.runs)
     base = records[0]["seconds"]
     grid = f"{args.points_per_side}x{args.points_per_side}"
+    host, load = machine(), loadavg()  # the ratio depends on the CPU (issue 16): every record names it
     print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
+    print(f"  on {host['cpu']} ({host['cores']} cores; {' '.join(host['vector_extensions'])}), load {load}")
     for r in records:
         r.update(ratio=r["seconds"] / base, grid=grid, open_filters=args.open_filters, config=args.config)
         r.update(threads=args.threads, photo=args.photo, batched_decoder=batched[r["runner"]], runs=args.runs)
+        r.update(machine=host, loadavg_end=load)
         how = "batched" if r["batched_decoder"] else "one prompt per call"
         print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}  ({how})")
     if args.out:

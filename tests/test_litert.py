@@ -331,6 +331,25 @@ def test_fp16_export_small(tmp_path):
     assert main(args) == 0
     card = load_card(out)
     assert card["status"] == "shippable" and card["fidelity"]["end_to_end"]["iou_worst"] >= 0.99
-    for f in ("encoder.tflite", "decoder.tflite"):
-        r = lint_file(out / f)
-        assert r.clean and r.weight_dtypes.get("FLOAT16", 0) > 0
+    r = lint_file(out / "encoder.tflite")
+    assert r.clean and r.weight_dtypes.get("FLOAT16", 0) > 0
+    for f in ("decoder.tflite", "decoder_cpu.tflite", "mask_encoder.tflite"):  # fp32 kept (export.kept)
+        assert "FLOAT16" not in lint_file(out / f).weight_dtypes, f
+    assert "decoder.tflite" in " ".join(card["extra"]["fp32_kept"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_reduced_precision_leaves_the_image_decoders_fp32(precision):
+    """fp16 rounds the encoder's and the video graphs' weights, int8 quantises the encoder only; the prompt-side
+    graphs convert in fp32 at every precision (issue 19: fp16 decoder weights cost large its fp16 bar)."""
+    from types import SimpleNamespace
+
+    from sam2edge.export.litert import IMAGE_DECODER_FILES, _precision
+    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+
+    job = SimpleNamespace(precision=precision)
+    assert _precision(job, ENCODER_FILE) == precision
+    assert {_precision(job, f) for f in IMAGE_DECODER_FILES} == {"fp32"}
+    video = {_precision(job, f"{VIDEO_GRAPHS[role][0]}.tflite") for role in VIDEO_GRAPHS}
+    assert video == {"fp32" if precision == "int8" else precision}

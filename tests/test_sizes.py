@@ -269,10 +269,12 @@ def test_mismatched_config_is_one_line(small_s_checkpoints, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def bplus_bundles(tmp_path_factory):
     """test-small-b+ (2 heads in stage 1, 14x14 pos-embed background) exported with the size auto-detected:
-    ``bplus_bundles(target)`` (ONNX from an HF .safetensors, LiteRT from a Meta .pt), exported on first use."""
+    ``bplus_bundles(target)`` (ONNX from an HF .safetensors, LiteRT and ExecuTorch from a Meta .pt), exported
+    on first use."""
     d = tmp_path_factory.mktemp("bplus")
     sd = synthetic_state_dict(CONFIGS["test-small-b+"], seed=6)
-    ckpts = {"onnx": (d / "model.safetensors", "hf"), "litert": (d / "sam2.1_hiera_b+_test.pt", "meta")}
+    meta = (d / "sam2.1_hiera_b+_test.pt", "meta")
+    ckpts = {"onnx": (d / "model.safetensors", "hf"), "litert": meta, "executorch": meta}
     out: dict[str, Path] = {}
 
     def get(target: str) -> Path:
@@ -287,9 +289,12 @@ def bplus_bundles(tmp_path_factory):
     return get
 
 
-# the LiteRT export (~100 s) is slow: the test-small LiteRT export covers its code path in CI, and full-size
-# small and base-plus LiteRT bundles were exported and GPU-checked (notes/issue-19.md)
-@pytest.mark.parametrize("target", [pytest.param("litert", marks=pytest.mark.slow), "onnx"])
+# the LiteRT and ExecuTorch exports (~100 s each) are slow: the test-small exports cover their code paths in CI;
+# full-size small and base-plus LiteRT bundles were exported and GPU-checked (notes/issue-19.md)
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("target", [pytest.param("litert", marks=SLOW), pytest.param("executorch", marks=SLOW), "onnx"])
 def test_reduced_base_plus_exports_verified(bplus_bundles, target):
     import json
 

@@ -10,7 +10,8 @@ other GPU graphs, measured against single decodes: check ``batched_decoder``), t
 
 Graphs are built with the default ``Rewrites()`` (rank-4 math attention, zero-stuff transposed conv,
 overflow-safe LayerNorm); inputs and outputs are named through signature kwargs / dict outputs.
-fp16 = litert-torch's ``full_fp16_recipe`` (fp16 weights, fp32 I/O).
+fp16 = litert-torch's ``full_fp16_recipe`` (fp16 weights, fp32 I/O) for the encoder and the video graphs; the
+image decoder graphs stay fp32 at every precision, as ONNX's and ExecuTorch's (``IMAGE_DECODER_FILES``).
 
 Everything else (out-folder guard, weights, fidelity against eager fp32 with the bars of
 ``checks.fidelity.bars``, the atomic write) is ``sam2edge.export.pipeline``; this module is the LiteRT
@@ -73,6 +74,9 @@ ROLES = {
     DECODER_CPU_FILE: "decoder-cpu",
     BATCHED_DECODER_FILE: "decoder-batched",
 }
+# The prompt-side graphs, fp32 in every bundle (4.2 M parameters at every size; fp16 weights here cost the
+# large model's end-to-end median its bar: notes/issue-19.md, session 15).
+IMAGE_DECODER_FILES = frozenset({DECODER_FILE, DECODER_CPU_FILE, MASK_ENCODER_FILE, BATCHED_DECODER_FILE})
 # The CPU decoder: upstream's native transposed convolution (XNNPACK has TRANSPOSE_CONV; the GPU-clean
 # zero-stuffed form does 4x its multiply-adds) and the matmul mask head (one BATCH_MATMUL instead of
 # per-token weighted channel sums). Both switches are upstream's own operations (``model.UPSTREAM``).
@@ -234,8 +238,11 @@ def gpu_decoder_fidelity(job) -> dict:
 
 
 def _precision(job, file: str) -> str:
-    """int8 quantises the encoder only (as ExecuTorch and ONNX int8): a click is not GEMM-bound."""
-    return job.precision if job.precision != "int8" or file == ENCODER_FILE else "fp32"
+    """int8 quantises the encoder only (as ExecuTorch and ONNX int8): a click is not GEMM-bound. fp16 rounds
+    the weights of every graph but the image decoders (``IMAGE_DECODER_FILES``, ``export.kept.FP32_KEPT``)."""
+    if job.precision == "int8":
+        return "int8" if file == ENCODER_FILE else "fp32"
+    return "fp32" if file in IMAGE_DECODER_FILES else job.precision
 
 
 def _tokens(job) -> int:
