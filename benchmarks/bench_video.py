@@ -14,6 +14,8 @@ in the same lockstep run, so every per-frame time sits beside upstream eager's.
 Usage: .venv/bin/python benchmarks/bench_video.py [--config sam2.1-hiera-tiny] [--frames 10]
        [--objects 3] [--threads 2] [--targets litert,onnx,executorch] [--precision fp32] [--json out.json]
        [--workdir bench-video]  (keeps the exported bundles; a later run with the same --workdir reuses them)
+       [--bundle DIR ...] (time --video bundles exported elsewhere from these weights) [--no-eager]
+       [--warmup-frames 3] (tracked untimed by every subject first: first calls grow memory arenas)
        (--config test-small: a smoke run)
 """
 
@@ -43,6 +45,7 @@ from sam2edge.weights.video import map_video_tensors  # noqa: E402
 from tests.video_oracles import drifting_clip, upstream_video_predictor  # noqa: E402
 
 STAGES = ("encoder", "memory attention", "decoder", "memory encoder")
+FULL = 7  # from this frame index on, all 7 memory slots are filled (the conditioning frame + 6 previous)
 W, H = 320, 240
 
 
@@ -90,6 +93,18 @@ def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str
     return runners
 
 
+def existing_runners(folders: list[str], threads: int) -> dict:
+    """name -> (predictor, timers) for ``--video`` bundles exported elsewhere from this benchmark's weights
+    (e.g. by an older checkout: a before/after in one run), named by their folder."""
+    from sam2edge.runtime.video_bundle import open_video_bundle
+
+    runners = {}
+    for folder in folders:
+        backend, _ = open_video_bundle(Path(folder), threads=threads)
+        runners[Path(folder).name] = (Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend))
+    return runners
+
+
 def wrap_backend(backend) -> Timers:
     timers = Timers()
     for attr, stage in (
@@ -103,8 +118,8 @@ def wrap_backend(backend) -> Timers:
     return timers
 
 
-def build(cfg, vcfg):
-    """(name -> (predictor, timers)) for upstream and both sam2edge forms, sharing one set of weights;
+def build(cfg, vcfg, eager: bool = True):
+    """(name -> (predictor, timers)) for upstream and (``eager``) both sam2edge forms, sharing one set of weights;
     also the mapped sam2edge state dict (for bundle subjects)."""
     up = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=cfg.image_size == 1024 and vcfg.mem_dim == 64)
     sd = {k: v.detach().clone() for k, v in up.state_dict().items()}
@@ -119,15 +134,16 @@ def build(cfg, vcfg):
     ):
         t_up.wrap(up, attr, stage)
     runners = {"upstream": (up, t_up)}
-    for name, rw in (("sam2edge", UPSTREAM), ("sam2edge-export", Rewrites())):
+    for name, rw in (("sam2edge", UPSTREAM), ("sam2edge-export", Rewrites())) if eager else ():
         backend = EagerVideoBackend.from_state_dict(mapped, cfg, vcfg, rw)
         timers = wrap_backend(backend)
         runners[name] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers)  # upstream skips it on CPU
     return runners, mapped
 
 
-def session(runners, clip: Path, objects: int) -> dict[str, list[dict[str, float]]]:
-    """Prompt ``objects`` clicks on frame 0, then propagate every predictor in lockstep; per-frame splits."""
+def session(runners, clip: Path, objects: int, frames: int | None = None) -> dict[str, list[dict[str, float]]]:
+    """Prompt ``objects`` clicks on frame 0, then propagate every predictor in lockstep (the first ``frames``,
+    default all); per-frame splits."""
     gens, per_frame = {}, {name: [] for name in runners}
     for name, (pred, timers) in runners.items():
         state = pred.init_state(video_path=str(clip))
@@ -136,22 +152,29 @@ def session(runners, clip: Path, objects: int) -> dict[str, list[dict[str, float
         pred.propagate_in_video_preflight(state)
         timers.take()
         gens[name] = iter(pred.propagate_in_video(state))
-    for steps in zip(*gens.values()):
+    for i, steps in enumerate(zip(*gens.values())):
         for name, _ in zip(runners, steps):
             per_frame[name].append(runners[name][1].take())  # time of the step just taken
+        if frames is not None and i + 1 >= frames:
+            break
     return per_frame
 
 
 def report(results: dict, frames: int) -> None:
-    print(f"\nper tracked frame (frames 1..{frames - 1}), median ms by stage; ratio = total / upstream total")
-    print(f"{'objects':>7} {'model':<16} " + " ".join(f"{s:>16}" for s in STAGES) + f" {'total':>9} {'ratio':>6}")
-    for objects, per_frame in results.items():
-        base = statistics.median(sum(f.values()) for f in per_frame["upstream"][1:])
-        for name, rows in per_frame.items():
-            med = {s: statistics.median(r[s] for r in rows[1:]) for s in STAGES}
-            total = statistics.median(sum(r.values()) for r in rows[1:])
-            cells = " ".join(f"{med[s] * 1e3:16.1f}" for s in STAGES)
-            print(f"{objects:>7} {name:<16} {cells} {total * 1e3:9.1f} {total / base:6.2f}")
+    """Median per tracked frame over frames 1.. (slots filling) and, where the clip is long enough, over the
+    steady state (frames >= FULL: every memory slot filled, upstream's costliest frames)."""
+    for first, what in ((1, f"frames 1..{frames - 1}"), (FULL, f"steady state, frames {FULL}..{frames - 1}")):
+        if first >= frames:
+            continue
+        print(f"\nper tracked frame ({what}), median ms by stage; ratio = total / upstream total")
+        print(f"{'objects':>7} {'model':<24} " + " ".join(f"{s:>16}" for s in STAGES) + f" {'total':>9} {'ratio':>6}")
+        for objects, per_frame in results.items():
+            base = statistics.median(sum(f.values()) for f in per_frame["upstream"][first:])
+            for name, rows in per_frame.items():
+                med = {s: statistics.median(r[s] for r in rows[first:]) for s in STAGES}
+                total = statistics.median(sum(r.values()) for r in rows[first:])
+                cells = " ".join(f"{med[s] * 1e3:16.1f}" for s in STAGES)
+                print(f"{objects:>7} {name:<24} {cells} {total * 1e3:9.1f} {total / base:6.2f}")
     last = results[max(results)]
     print("\nmemory attention ms per frame index (filled slots grow to 7 by frame 6), most objects:")
     for name, rows in last.items():
@@ -167,6 +190,9 @@ def main() -> None:
     ap.add_argument("--json", help="write the per-frame splits here")
     ap.add_argument("--targets", default="", help="comma-separated bundle subjects: litert,onnx,executorch")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16"), help="precision of the bundles")
+    ap.add_argument("--bundle", action="append", default=[], help="also time this --video bundle (same weights)")
+    ap.add_argument("--no-eager", action="store_true", help="leave out the two sam2edge eager subjects")
+    ap.add_argument("--warmup-frames", type=int, default=3, help="untimed frames tracked by every subject first")
     ap.add_argument(
         "--workdir", help="keep the exported bundles here and reuse them in a later run (default: a temporary folder)"
     )
@@ -176,12 +202,15 @@ def main() -> None:
     cfg, vcfg = get_config(args.config), get_video_config(args.config)
     with tempfile.TemporaryDirectory() as tmp:
         drifting_clip(Path(tmp) / "clip", args.frames, (W, H))
-        runners, mapped = build(cfg, vcfg)
+        runners, mapped = build(cfg, vcfg, eager=not args.no_eager)
+        runners.update(existing_runners(args.bundle, args.threads))
         targets = [t for t in args.targets.split(",") if t]
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         runners.update(bundle_runners(mapped, args.config, targets, args.precision, workdir, args.threads))
         results = {}
+        with contextlib.redirect_stderr(io.StringIO()):  # untimed: runtimes grow their memory arenas on first calls
+            session(runners, Path(tmp) / "clip", 1, frames=args.warmup_frames)
         for objects in range(1, args.objects + 1):
             with contextlib.redirect_stderr(io.StringIO()):  # upstream's tqdm bars
                 results[objects] = session(runners, Path(tmp) / "clip", objects)

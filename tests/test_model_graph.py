@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -15,10 +16,16 @@ from sam2edge.model.layers import attention_chunk
 from sam2edge.weights import synthetic_state_dict
 
 ALL_REWRITES = [
-    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h)
-    for r, a, t, n, h in itertools.product(
-        (4, 3), ("math", "sdpa"), ("zero_stuff", "native"), ("scaled", "safe", "native"), ("channel_sum", "matmul")
+    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h, token_fold=f)
+    for r, a, t, n, h, f in itertools.product(
+        (4, 3),
+        ("math", "sdpa"),
+        ("zero_stuff", "native"),
+        ("scaled", "safe", "native"),
+        ("channel_sum", "matmul"),
+        ("projected", "folded"),
     )
+    if f == "projected" or n == "native"  # the fold touches only the attention: one LayerNorm form suffices
 ]
 
 
@@ -188,8 +195,8 @@ def test_texture_limit_splits_attention_without_changing_results(sd):
 
 @pytest.mark.parametrize(
     "rw",
-    [UPSTREAM, Rewrites(), Rewrites(attention_rank=3, texture_limit=16)],
-    ids=["upstream", "gpu", "rank3-sliced"],
+    [UPSTREAM, Rewrites(), Rewrites(attention_rank=3, texture_limit=16), Rewrites(token_fold="folded")],
+    ids=["upstream", "gpu", "rank3-sliced", "folded"],
 )
 def test_one_image_row_for_many_prompts_equals_repeated_rows(sd, rw):
     """Batched decoding hands the decoder ONE image row for B prompts (the first two-way layer projects it
@@ -209,3 +216,30 @@ def test_one_image_row_for_many_prompts_equals_repeated_rows(sd, rw):
     for got, ref in zip(shared, rows):
         assert got.shape == ref.shape
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * max(1.0, float(ref.abs().max())))
+
+
+@pytest.mark.parametrize("seed", [3, 1])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_folded_cross_attention_equals_upstream_at_full_decoder_width(seed, batch):
+    """``token_fold`` at SAM 2.1's decoder width (8 heads, inner 128, where the fold saves work): every output
+    of a click (and of B prompts sharing one image row) equals upstream's operations to fp32 rounding."""
+    from sam2edge.checks.fidelity.checkpoints import TEST_SMALL_WIDE_DECODER as cfg
+
+    sd = synthetic_state_dict(cfg, seed=seed)
+    ref, folded = build_sam2(cfg, UPSTREAM), build_sam2(cfg, dataclasses.replace(UPSTREAM, token_fold="folded"))
+    ref.load_state_dict(sd)
+    folded.load_state_dict(sd)
+    g = torch.Generator().manual_seed(seed)
+    e, c = cfg.image_embedding_size, cfg.d_model
+    emb, s0, s1 = (torch.randn(1, ch, s, s, generator=g) for ch, s in ((c, e), (c // 8, 4 * e), (c // 4, 2 * e)))
+    coords = torch.rand(batch, 2, 2, generator=g) * cfg.image_size  # (B, 2, 2)
+    labels = torch.tensor([[1.0, -1.0]] * batch)  # a click + the pad point
+    with torch.no_grad():
+        outs = []
+        for model in (ref, folded):
+            pe = model.sam_prompt_encoder
+            outs.append(model.decode(emb, s0, s1, pe.embed_points(coords, labels), pe.no_mask_dense))
+    for got, want in zip(outs[1], outs[0]):
+        scale = float(want.abs().max())
+        assert float((got - want).abs().max()) <= 1e-5 * scale
+        assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.999999

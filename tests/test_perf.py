@@ -371,3 +371,34 @@ def test_records_carry_the_cpu_model_and_its_extensions() -> None:
     assert machine("")["cpu"] and machine("")["vector_extensions"] == []
     here = machine()
     assert isinstance(here["cpu"], str) and here["cpu"] and here["cores"] >= 1
+
+
+def test_bench_names_two_bundles_of_one_kind_apart(onnx_bundle: Path, tmp_path: Path, capsys) -> None:
+    """A before / after pair (same target, precision and size) gets one subject and one record each, named by
+    folder, so neither overwrites the other and thread scaling is not computed across them."""
+    import shutil
+
+    after, recs = tmp_path / "after", tmp_path / "records"
+    shutil.copytree(onnx_bundle, after)
+    args = ["bench", "--runs", "1", "--warmup", "0", "--clicks", "1", "--threads", "1", "--records", str(recs)]
+    assert main([*args, str(onnx_bundle), str(after)]) == 0
+    out = capsys.readouterr().out
+    subjects = sorted(json.loads(p.read_text())["subject"] for p in recs.rglob("*.json"))
+    assert subjects == sorted([f"onnx fp32 256 [{onnx_bundle.name}]", "onnx fp32 256 [after]"])
+    assert all(s in out for s in subjects)
+
+
+def test_compute_bound_counts_the_attention() -> None:
+    """The bench's FLOP count includes the attention matmuls: equal to a count of the explicit-softmax form
+    (which the CPU FlopCounter sees op by op), not the smaller count it gives for the fused kernel on the CPU."""
+    import dataclasses
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sam2edge.checks.bench.bench import model_flops
+    from sam2edge.model import UPSTREAM, build_sam2
+
+    model = build_sam2(TEST_SMALL, dataclasses.replace(UPSTREAM, attention_impl="math"))
+    with torch.no_grad(), FlopCounterMode(display=False) as f:
+        model.encode_image(torch.zeros(1, 3, TEST_SMALL.image_size, TEST_SMALL.image_size))
+    assert model_flops(TEST_SMALL)["encoder_gflop"] == pytest.approx(f.get_total_flops() / 1e9, rel=1e-6)

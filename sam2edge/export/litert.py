@@ -81,6 +81,9 @@ IMAGE_DECODER_FILES = frozenset({DECODER_FILE, DECODER_CPU_FILE, MASK_ENCODER_FI
 # zero-stuffed form does 4x its multiply-adds) and the matmul mask head (one BATCH_MATMUL instead of
 # per-token weighted channel sums). Both switches are upstream's own operations (``model.UPSTREAM``).
 # Full-size Hiera-Tiny decoder, torch FlopCounter: 6.04 GFLOP with Rewrites() vs 3.64 with these.
+# Not ``token_fold``: with the 8 prompt slots (14 tokens) it saves 9 % of the FLOPs, and the converted graph
+# ran 2x slower (XNNPACK FULLY_CONNECTED with the 4096x256 image as its weights, re-packed every call:
+# 36.3 -> 75.0 ms per click at 1024 px, notes/issue-16.md, session 16).
 CPU_DECODER_REWRITES = Rewrites(transposed_conv="native", mask_head="matmul")
 
 

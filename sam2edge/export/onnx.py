@@ -53,6 +53,7 @@ ONNX_REWRITES = Rewrites(
     layer_norm="native",
     mask_head="matmul",
     texture_limit=0,
+    token_fold="folded",  # a click's decoder: 3.56 -> 2.22 GFLOP at 1024 px (no image-side projection)
 )
 CLICKS = 40
 # optimised vs unoptimised graph, per output: fp32 to ~1e-7, fp16 within its own rounding (~1e-3 relative)

@@ -9,6 +9,8 @@ selecting exactly what upstream selects, first index on ties).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -25,6 +27,7 @@ class Attention(nn.Module):
         self.num_heads, self.rw = num_heads, rw
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, inner), nn.Linear(dim, inner), nn.Linear(dim, inner)
         self.out_proj = nn.Linear(inner, dim)
+        self.fold = rw.token_fold == "folded"
 
     def forward(
         self,
@@ -40,6 +43,12 @@ class Attention(nn.Module):
         decode): it is projected once. Shared keys fold the B query rows into one (each query attends
         alone, so that is exact and no row is copied); a shared query is broadcast to B rows by ``rows``.
         """
+        if self._folds(q, k):
+            return (
+                self._fold_image_keys(q, k, v)
+                if k.shape[1] > q.shape[1]
+                else self._fold_image_queries(q, k, v, key_bias)
+            )
         q, k, v = self.q_proj(q), self.k_proj(k), self.v_proj(v)
         if rows is not None and k.shape[0] == 1 and q.shape[0] > 1:
             B, Nq, Ci = q.shape
@@ -48,6 +57,51 @@ class Attention(nn.Module):
         if rows is not None and q.shape[0] == 1:
             q = q * rows  # (B, Nq, Ci): the shared query projection broadcast to every row
         return self.out_proj(attention(q, k, v, self.num_heads, self.rw, key_bias))
+
+    def _folds(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """``Rewrites.token_fold`` on the cross-attentions (image and tokens differ in length), except where the
+        image is the keys of B prompt rows sharing it (its projections are then computed once for all rows,
+        cheaper than B folded products)."""
+        return self.fold and (q.shape[1] > k.shape[1] or (k.shape[1] > q.shape[1] and k.shape[0] == q.shape[0]))
+
+    def _fold_image_keys(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Tokens q BxTxC attend to the image k, v BxHWxC without projecting the image: per head h,
+        (q_h)(k W_kh^T + b_kh)^T = (q_h W_kh) k^T + a constant per row (dropped by softmax), and
+        P (v W_vh^T + b_vh) = (P v) W_vh^T + b_vh (rows of P sum to 1). -> BxTxC."""
+        h, C = self.num_heads, k.shape[2]
+        Q = self.q_proj(q)  # (B, T, Ci)
+        B, T, Ci = Q.shape
+        d = Ci // h
+        Qh = Q.reshape(B, T, h, d).transpose(1, 2) * (1.0 / math.sqrt(d))  # (B, h, T, d), scaled
+        A = (Qh @ self.k_proj.weight.reshape(h, d, C)).reshape(B, h * T, C)  # (B, hT, C): q_h W_kh
+        P = torch.softmax(A @ k.transpose(1, 2), dim=-1)  # (B, hT, HW)
+        Wv = self.v_proj.weight.reshape(h, d, C).transpose(1, 2)  # (h, C, d)
+        O = (P @ v).reshape(B, h, T, C) @ Wv + self.v_proj.bias.reshape(h, 1, d)  # (B, h, T, d)
+        return self.out_proj(O.transpose(1, 2).reshape(B, T, Ci))  # (B, T, C)
+
+    def _fold_image_queries(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The image q (1|B)xHWxC attends to tokens k, v BxTxC without projecting the image: per head h,
+        (q W_qh^T + b_qh) k_h^T = q (W_qh^T k_h^T) + b_qh k_h^T, and out_proj(sum_h P_h v_h) =
+        sum_h P_h (v_h W_oh^T) + b_o. One image row for B prompt rows is one 2-D product. -> BxHWxC."""
+        h, C = self.num_heads, q.shape[2]
+        K, V = self.k_proj(k), self.v_proj(v)  # (B, T, Ci)
+        B, T, Ci = K.shape
+        d, HW = Ci // h, q.shape[1]
+        Kh = K.reshape(B, T, h, d).transpose(1, 2) * (1.0 / math.sqrt(d))  # (B, h, T, d), scaled
+        M = (Kh @ self.q_proj.weight.reshape(h, d, C)).reshape(B, h * T, C)  # (B, hT, C): W_qh^T k_t per row
+        bias = (Kh @ self.q_proj.bias.reshape(h, d, 1)).reshape(B, 1, h * T)  # (B, 1, hT): b_qh . k_t
+        if key_bias is not None:
+            bias = bias + torch.cat([key_bias] * h, dim=1).reshape(B, 1, h * T)  # (B, 1, hT), per head
+        if q.shape[0] == 1:  # one image for B rows: one (HW, C) x (C, B*hT) product
+            S = (q[0] @ M.reshape(B * h * T, C).transpose(0, 1)).reshape(HW, B, h * T).transpose(0, 1)  # (B, HW, hT)
+        else:
+            S = q @ M.transpose(1, 2)  # (B, HW, hT)
+        P = torch.softmax((S + bias).reshape(B, HW, h, T), dim=-1).reshape(B, HW, h * T)  # per head over tokens
+        Wo = self.out_proj.weight.reshape(C, h, d).permute(1, 2, 0)  # (h, d, C)
+        U = (V.reshape(B, T, h, d).transpose(1, 2) @ Wo).reshape(B, h * T, C)  # (B, hT, C): v_h W_oh^T
+        return P @ U + self.out_proj.bias  # (B, HW, C)
 
 
 class TwoWayAttentionBlock(nn.Module):

@@ -51,6 +51,8 @@ class RoPEAttention(nn.Module):
         self.num_heads, self.rw = num_heads, rw
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(kv_dim, dim), nn.Linear(kv_dim, dim)
         self.out_proj = nn.Linear(dim, dim)
+        # attend over the raw values, then project them (rw.memory_values): exact, and cheaper when kv_dim < dim
+        self.fold_values = rw.memory_values == "folded" and num_heads == 1 and kv_dim < dim
 
     def forward(
         self,
@@ -66,14 +68,17 @@ class RoPEAttention(nn.Module):
 
         RoPE rotates q and each of the ``rope_slots`` blocks of HW keys; the R trailing keys stay as they are.
         """
-        q, k, v = self.q_proj(q), self.k_proj(k), self.v_proj(v)
+        q, k = self.q_proj(q), self.k_proj(k)
+        v = v if self.fold_values else self.v_proj(v)  # (B, Nk, kv_dim) or (B, Nk, C)
         q = apply_rope(q, cos, sin)
         B, N, C = q.shape
         spatial = rope_slots * N
         k_rope = k[:, :spatial].reshape(B * rope_slots, N, C)  # (B*S, HW, C)
         k_rope = apply_rope(k_rope, cos, sin).reshape(B, spatial, C)  # (B, S*HW, C)
         k = torch.cat([k_rope, k[:, spatial:]], dim=1) if k.shape[1] > spatial else k_rope
-        return self.out_proj(attention(q, k, v, self.num_heads, self.rw, key_bias))
+        out = attention(q, k, v, self.num_heads, self.rw, key_bias)  # (B, N, kv_dim) folded, else (B, N, C)
+        # folded: softmax rows sum to 1, so attn @ (v W^T + b) = (attn @ v) W^T + b
+        return self.out_proj(self.v_proj(out) if self.fold_values else out)
 
 
 class MemoryAttentionLayer(nn.Module):

@@ -181,22 +181,22 @@ def write_records(records: list[dict], folder: str | Path) -> list[Path]:
 def format_table(records: list[dict]) -> str:
     """Plain-text table: medians (and min-max) per subject, ratios when present."""
     head = (
-        f"{'subject':<28} {'load s':>7} {'encoder ms p50 (min-max)':>26} {'decoder ms p50 (min-max)':>26}"
+        f"{'subject':<40} {'load s':>7} {'encoder ms p50 (min-max)':>26} {'decoder ms p50 (min-max)':>26}"
         f" {'1st click ms':>12} {'peak RSS MB':>11}"
     )
     lines = [head, "-" * len(head)]
     for r in records:
         e, d, f = r["encoder_ms"], r["decoder_ms"], r["first_click_ms"]
         lines.append(
-            f"{_label(r):<28} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
+            f"{_label(r):<40} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
             f" {r['peak_rss_mb']:>11.0f}"
         )
     if any("ratios" in r for r in records):
         shown = [c for c in RATIO_COLUMNS if c[2] or any(c[1] in r.get("ratios", {}) for r in records)]
-        lines += ["", f"{'subject':<28} " + " ".join(f"{head:>12}" for head, _, _ in shown)]
+        lines += ["", f"{'subject':<40} " + " ".join(f"{head:>12}" for head, _, _ in shown)]
         for r in records:
             q = r.get("ratios", {})
-            lines.append(f"{_label(r):<28} " + " ".join(f"{_x(q.get(key)):>12}" for _, key, _ in shown))
+            lines.append(f"{_label(r):<40} " + " ".join(f"{_x(q.get(key)):>12}" for _, key, _ in shown))
         b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
         if b:
             lines.append(
