@@ -7,18 +7,22 @@ extensions and the thread scaling, and that bad ``--threads`` values are one-lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from sam2edge.checks.bench.bench import vector_extensions
+from sam2edge.checks.bench.bench import model_flops, vector_extensions
 from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
 from sam2edge.checks.bench.records import add_scaling, machine
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
+from sam2edge.model import UPSTREAM, build_sam2
 from sam2edge.weights import synthetic_state_dict
 
 SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
@@ -376,8 +380,6 @@ def test_records_carry_the_cpu_model_and_its_extensions() -> None:
 def test_bench_names_two_bundles_of_one_kind_apart(onnx_bundle: Path, tmp_path: Path, capsys) -> None:
     """A before / after pair (same target, precision and size) gets one subject and one record each, named by
     folder, so neither overwrites the other and thread scaling is not computed across them."""
-    import shutil
-
     after, recs = tmp_path / "after", tmp_path / "records"
     shutil.copytree(onnx_bundle, after)
     args = ["bench", "--runs", "1", "--warmup", "0", "--clicks", "1", "--threads", "1", "--records", str(recs)]
@@ -391,13 +393,6 @@ def test_bench_names_two_bundles_of_one_kind_apart(onnx_bundle: Path, tmp_path: 
 def test_compute_bound_counts_the_attention() -> None:
     """The bench's FLOP count includes the attention matmuls: equal to a count of the explicit-softmax form
     (which the CPU FlopCounter sees op by op), not the smaller count it gives for the fused kernel on the CPU."""
-    import dataclasses
-
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from sam2edge.checks.bench.bench import model_flops
-    from sam2edge.model import UPSTREAM, build_sam2
-
     model = build_sam2(TEST_SMALL, dataclasses.replace(UPSTREAM, attention_impl="math"))
     with torch.no_grad(), FlopCounterMode(display=False) as f:
         model.encode_image(torch.zeros(1, 3, TEST_SMALL.image_size, TEST_SMALL.image_size))
