@@ -325,6 +325,29 @@ def test_graph_past_the_deadline_is_run_in_pieces(rank_decoders, monkeypatch, gp
     assert "chained pieces" in format_report(r)
 
 
+def test_graph_predicted_past_the_budget_is_only_loaded_whole(rank_decoders, monkeypatch):
+    """A CPU run predicting a GPU run past PIECE_BUDGET_S on the software GPU (3 s per run, as if full size): the
+    whole graph is loaded for residency, never run whole; the numerics come from pieces sized to the budget."""
+    path, real, whole_gpu_runs = rank_decoders[4], gpu_check._run_worker, []
+
+    def timed(model, accel, feeds_file, out_file, env, timeout):
+        summary, log = real(model, accel, feeds_file, out_file, env, timeout)
+        if model == path and accel == "cpu":
+            summary["run_s"] = [3.0] * len(summary["run_s"])
+        elif model == path:
+            whole_gpu_runs.append(len(summary["run_s"]))
+        return summary, log
+
+    monkeypatch.setattr(gpu_check, "_run_worker", timed)
+    r = check_file(path, clicks=20)
+    assert whole_gpu_runs == [0] and r.verdict == "resident", (whole_gpu_runs, r.failures)
+    assert r.residency.ops_gpu == lint_file(path).nodes and r.residency.partitions == 1
+    want = -(-gpu_check.SOFTWARE_SLOWDOWN * 3.0 // gpu_check.PIECE_BUDGET_S)  # ceil: 201 s in 60 s pieces -> 4
+    assert len(r.segments) == want and all(s["ops_gpu"] == s["ops"] for s in r.segments), r.segments
+    assert all(m["cosine"] >= 0.9999 for m in r.outputs.values()) and r.mask_iou["iou_worst"] >= 0.99
+    assert "predicted at 201 s" in format_report(r)
+
+
 def test_too_slow_and_unsplittable_is_device_limit(toys, monkeypatch):
     """Whole graph past the deadline and the pieces cannot run either: resident placement, no numbers ->
     device-limit with both reasons, not a refused graph."""

@@ -34,11 +34,12 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,12 @@ _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize We
 # longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then run on the GPU in pieces.
 _DEADLINE = ("Timed out waiting for future", "Failed to lock custom tensor buffer")
 FIRST_SEGMENTS = 4  # equal node ranges to start with; one that misses the deadline is halved and retried
+# SwiftShader on 2 cores runs these graphs 34-67x slower than XNNPACK (full-size Hiera-Tiny, session 17: memory
+# encoder 7.16 s vs 0.11 s, video decoder 5.17 s vs 0.077 s, memory attention ~325 s vs 9.5 s). A graph whose CPU
+# run predicts a GPU run past PIECE_BUDGET_S skips the whole-graph GPU run (it would wait out the 2-min deadline
+# for nothing): residency from loading the whole graph, numerics from pieces sized to the budget.
+SOFTWARE_SLOWDOWN = 67.0
+PIECE_BUDGET_S = 60.0  # half the delegate's 2-min wait: room for pieces heavier than their share of nodes
 
 
 @dataclass
@@ -85,6 +92,7 @@ class FileReport:
     # whole graph too slow for the delegate's deadline: GPU run in pieces, chained (``_in_pieces``); one entry
     # per piece {nodes: [first, end), ops, ops_gpu, cosine_min of its outputs vs the CPU's same piece chain}
     segments: list[dict] = field(default_factory=list)
+    pieces_why: str = ""  # why the GPU ran in pieces: the missed deadline, or the CPU run's prediction
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -239,19 +247,22 @@ def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, d
     }
 
 
-def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool):
+def _in_pieces(
+    path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool, first: int | None = None
+):
     """Whole-graph GPU numerics for a graph too slow for the delegate's 2-minute wait: the graph is cut into
     pieces of consecutive operators (``tflite_slice``); each piece runs whole on the GPU, fed by the earlier
     pieces' GPU outputs, so every operator runs on the GPU exactly once and the last pieces give the graph's
     GPU outputs, compared with the CPU run of the whole graph. The same pieces run on the CPU too, so each
     piece records how far its GPU outputs (with the GPU error so far) are from the CPU's. Starts from
-    ``FIRST_SEGMENTS`` about equal ranges; a piece that misses the deadline is halved and retried. Cuts avoid
+    ``first`` about equal ranges; a piece that misses the deadline is halved and retried. Cuts avoid
     outputs that the delegate may merge away (``tflite_slice.best_cut``).
 
     Returns (segments, outputs, mask IoU) or None when a single operator misses the deadline.
     """
     from sam2edge.checks.tflite import slice as tflite_slice
 
+    first = first or FIRST_SEGMENTS
     graph = tflite_slice.load_model(path)  # parsed once; every piece is cut from it
     model_in, model_out = tflite_slice.signature_tensors(graph)
     ops_total, n = len(graph.subgraphs[0].operators), len(feeds.runs)
@@ -261,8 +272,8 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
         for side in ("gpu", "cpu")
     }
     bounds = [0]
-    for k in range(1, min(FIRST_SEGMENTS, ops_total)):
-        bounds.append(tflite_slice.best_cut(graph, bounds[-1], round(k * ops_total / FIRST_SEGMENTS), ops_total))
+    for k in range(1, min(first, ops_total)):
+        bounds.append(tflite_slice.best_cut(graph, bounds[-1], round(k * ops_total / first), ops_total))
     bounds.append(ops_total)
     pending, segments = list(zip(bounds[:-1], bounds[1:])), []
     with tempfile.TemporaryDirectory(prefix="sam2edge-piece-") as tmp:
@@ -306,46 +317,69 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
 def check_file(path: str | Path, clicks: int = DEFAULT_CLICKS, timeout: float = DEFAULT_TIMEOUT_S) -> FileReport:
     """GPU-check one .tflite file (inputs chosen by its signature; see ``gpu_feeds``).
 
-    Residency always comes from loading the whole graph. When the whole graph's GPU run misses the
-    delegate's fixed 2-minute deadline, its GPU numerics are taken piece by piece (``_in_pieces``).
+    Residency always comes from loading the whole graph. The CPU runs first. On the software GPU, a graph
+    whose CPU run predicts a GPU run past ``PIECE_BUDGET_S`` is only loaded whole and its GPU numerics are
+    taken in pieces sized to the budget; a whole-graph GPU run that misses the delegate's fixed 2-minute
+    deadline is taken piece by piece too (``_in_pieces``).
     """
     path = Path(path)
-    vulkan_icd()
+    software = str(vulkan_icd()) in ICD_CANDIDATES
     kind, feeds = build_feeds(_signature_inputs(path), path.parent, clicks)
     n, ops_total = len(feeds.runs), _ops_total(path)
-    segments: list[dict] = []
+    cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
+    names = list(cpu_sum["outputs"])
+    seconds = {"cpu_load": cpu_sum["load_s"], "cpu_run_mean": float(np.mean(cpu_sum["run_s"]))}
+    predicted = SOFTWARE_SLOWDOWN * seconds["cpu_run_mean"] if software else 0.0
+    failed = FileReport(str(path), kind, "failed", Residency(ops_total, 0, 0, [], ""), {}, n, feeds.source)
+    if predicted > PIECE_BUDGET_S:
+        why = (
+            f"a whole-graph GPU run predicted at {predicted:.0f} s from the CPU run ({SOFTWARE_SLOWDOWN:.0f}x on "
+            f"the software GPU), past the {PIECE_BUDGET_S:.0f} s budget per piece"
+        )
+        try:
+            _, _, log = run_on(path, "gpu", Feeds({}, []), timeout)  # load only: the whole graph's placement
+        except WorkerFailed as e:
+            return replace(failed, residency=parse_delegate_log(e.log, ops_total), failures=[why, str(e)])
+        base = replace(failed, residency=parse_delegate_log(log, ops_total), seconds=seconds)
+        return _pieces_report(base, feeds, cpu, names, timeout, math.ceil(predicted / PIECE_BUDGET_S), why)
     try:
         gpu, gpu_sum, log = run_on(path, "gpu", feeds, timeout)
-    except WorkerFailed as e:  # the GPU path crashed: a verdict, not an abort (the CPU path is still run)
-        cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
+    except WorkerFailed as e:  # the GPU path crashed: a verdict, not an abort
         res = parse_delegate_log(e.log, ops_total)
-        names = list(cpu_sum["outputs"])
-        why = [str(e)] + [f"WebGPU validation error (GPU results void): {x}" for x in res.gpu_errors]
-        slow = any(x in e.log for x in _DEADLINE) and not res.gpu_errors
-        seg = None
-        if slow:
-            why[0] = f"the whole-graph GPU run missed the delegate's 2-min deadline ({e})"
-            try:
-                seg = _in_pieces(path, feeds, cpu, names, timeout, _has_masks(kind, names))
-            except WorkerFailed as s_err:
-                why.append(f"GPU run in pieces impossible: {s_err}")
-        if seg is None:
-            # resident but too slow for this device to produce numbers: a device limit, not a graph fault
-            verdict = "device-limit" if slow and res.resident else "failed"
-            return FileReport(str(path), kind, verdict, res, {}, n, feeds.source, None, why)
-        segments, outputs, masks = seg
-        seconds = {}
-    else:
-        cpu, cpu_sum, _ = run_on(path, "cpu", feeds, timeout)
-        res = parse_delegate_log(log, ops_total)
-        res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
-        names = list(gpu_sum["outputs"])
-        outputs = _compare_runs(gpu, cpu, names, n)
-        masks = _decoder_masks(feeds.prompts, gpu, cpu) if _has_masks(kind, names) else None
-        seconds = {"gpu_load": gpu_sum["load_s"], "gpu_run_mean": float(np.mean(gpu_sum["run_s"]))}
-    seconds.update(cpu_load=cpu_sum["load_s"], cpu_run_mean=float(np.mean(cpu_sum["run_s"])))
+        if not any(x in e.log for x in _DEADLINE) or res.gpu_errors:
+            why = [str(e)] + [f"WebGPU validation error (GPU results void): {x}" for x in res.gpu_errors]
+            return replace(failed, residency=res, failures=why)
+        why = "the whole-graph GPU run missed the delegate's 2-min deadline"
+        return _pieces_report(
+            replace(failed, residency=res, seconds=seconds), feeds, cpu, names, timeout, FIRST_SEGMENTS, why
+        )
+    res = parse_delegate_log(log, ops_total)
+    res.fully_accelerated_claim = gpu_sum["fully_accelerated_claim"]
+    outputs = _compare_runs(gpu, cpu, names, n)
+    masks = _decoder_masks(feeds.prompts, gpu, cpu) if _has_masks(kind, names) else None
+    seconds.update(gpu_load=gpu_sum["load_s"], gpu_run_mean=float(np.mean(gpu_sum["run_s"])))
     verdict, failures = verdict_of(res, outputs, masks)
-    return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds, segments)
+    return FileReport(str(path), kind, verdict, res, outputs, n, feeds.source, masks, failures, seconds)
+
+
+def _pieces_report(
+    base: FileReport, feeds: Feeds, cpu: dict, names: list[str], timeout: float, first: int, why: str
+) -> FileReport:
+    """``base`` (the whole graph's residency) completed by the GPU numerics of ``_in_pieces``. When even the
+    pieces cannot run, a resident graph is a device limit (nothing against the graph), else a failure."""
+    masks = _has_masks(base.kind, names)
+    verdict = "device-limit" if base.residency.resident else "failed"
+    try:
+        seg = _in_pieces(Path(base.path), feeds, cpu, names, timeout, masks, first)
+    except WorkerFailed as e:
+        return replace(base, verdict=verdict, failures=[why, f"GPU run in pieces impossible: {e}"])
+    if seg is None:  # a single operator misses the deadline
+        return replace(base, verdict=verdict, failures=[why, "a single operator misses the deadline"])
+    segments, outputs, mask_iou = seg
+    verdict, failures = verdict_of(base.residency, outputs, mask_iou)
+    return replace(
+        base, verdict=verdict, outputs=outputs, mask_iou=mask_iou, failures=failures, segments=segments, pieces_why=why
+    )
 
 
 def _has_masks(kind: str, names: list[str]) -> bool:

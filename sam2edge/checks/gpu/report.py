@@ -53,7 +53,7 @@ def format_report(r: FileReport) -> str:
     if r.segments:
         spans = ", ".join(f"{g['nodes'][0]}-{g['nodes'][1] - 1}" for g in r.segments)
         lines.append(
-            f"  GPU run in {len(r.segments)} chained pieces (whole graph missed the delegate's 2-min deadline): "
+            f"  GPU run in {len(r.segments)} chained pieces ({r.pieces_why or 'whole graph past the deadline'}): "
             f"nodes {spans}; piece cosine vs CPU: " + ", ".join(f"{g['cosine_min']:.7f}" for g in r.segments)
         )
     per_run = f"; GPU {r.seconds['gpu_run_mean']:.3f} s/run" if "gpu_run_mean" in r.seconds else ""
@@ -81,6 +81,7 @@ def summarize(r: FileReport) -> dict:
         "failures": r.failures,
         "inputs": r.inputs_source,
         "segments": r.segments,
+        "pieces_why": r.pieces_why,
     }
 
 
