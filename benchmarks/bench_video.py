@@ -76,7 +76,6 @@ class Timers:
 def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str, tmp: Path, threads: int) -> dict:
     """name -> (predictor, timers) for each target's ``--video`` bundle exported from ``mapped``."""
     from sam2edge.export.pipeline import run_export
-    from sam2edge.runtime.video_bundle import open_video_bundle
 
     runners = {}
     for target in targets:
@@ -88,21 +87,22 @@ def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str
                 run_export(
                     target, config, precision, out, weights=(mapped, source), video=True, force=True, options=options
                 )
-        backend, _ = open_video_bundle(out, threads=threads)
-        runners[f"{target}-{precision}"] = (Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend))
+        runners[f"{target}-{precision}"] = bundle_runner(out, threads)
     return runners
 
 
 def existing_runners(folders: list[str], threads: int) -> dict:
     """name -> (predictor, timers) for ``--video`` bundles exported elsewhere from this benchmark's weights
     (e.g. by an older checkout: a before/after in one run), named by their folder."""
+    return {Path(folder).name: bundle_runner(Path(folder), threads) for folder in folders}
+
+
+def bundle_runner(folder: Path, threads: int) -> tuple[Sam2VideoPredictor, Timers]:
+    """(predictor, timers) of one ``--video`` bundle, each backend stage timed."""
     from sam2edge.runtime.video_bundle import open_video_bundle
 
-    runners = {}
-    for folder in folders:
-        backend, _ = open_video_bundle(Path(folder), threads=threads)
-        runners[Path(folder).name] = (Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend))
-    return runners
+    backend, _ = open_video_bundle(folder, threads=threads)
+    return Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend)
 
 
 def wrap_backend(backend) -> Timers:

@@ -247,9 +247,7 @@ def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, d
     }
 
 
-def _in_pieces(
-    path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool, first: int | None = None
-):
+def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool, first: int):
     """Whole-graph GPU numerics for a graph too slow for the delegate's 2-minute wait: the graph is cut into
     pieces of consecutive operators (``tflite_slice``); each piece runs whole on the GPU, fed by the earlier
     pieces' GPU outputs, so every operator runs on the GPU exactly once and the last pieces give the graph's
@@ -262,7 +260,6 @@ def _in_pieces(
     """
     from sam2edge.checks.tflite import slice as tflite_slice
 
-    first = first or FIRST_SEGMENTS
     graph = tflite_slice.load_model(path)  # parsed once; every piece is cut from it
     model_in, model_out = tflite_slice.signature_tensors(graph)
     ops_total, n = len(graph.subgraphs[0].operators), len(feeds.runs)
