@@ -37,8 +37,8 @@ P="$VENV/bin/pip"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 $P install -q torch==2.13.0
 $P install -q litert-torch==0.10.0 ai-edge-litert==2.3.0 executorch==1.5.1
-# sam2edge with every feature extra (pyproject.toml); the browser extra's playwright only drives Debian's
-# /usr/bin/chromium (never `playwright install`)
+# sam2edge with every feature extra (pyproject.toml; the test extra has pytest-xdist: `make test` runs two
+# workers); the browser extra's playwright only drives Debian's /usr/bin/chromium (never `playwright install`)
 $P install -q -e ".[export,browser,video,everything,distributed,hub,test]"
 # upstream reference (tests only): sdist without its torchvision dependency
 SAM2_BUILD_CUDA=0 $P install -q --no-deps --no-build-isolation sam2==1.1.0

@@ -17,12 +17,13 @@ import transformers.utils.import_utils  # noqa: E402,F401
 
 os.environ.setdefault("SAM2EDGE_GPU_CHECK_CACHE", "off")  # every test runs its GPU check (test_perf turns it on)
 
+from once import WORKER, built_once  # noqa: E402
 from oracles import hf_sam2_model, meta_sam2base  # noqa: E402
 
 from sam2edge.config import HIERA_TINY  # noqa: E402
 from sam2edge.weights.load import expected_shapes, to_sam2edge  # noqa: E402
 
-torch.set_num_threads(int(os.environ.get("SAM2EDGE_TEST_THREADS", "2")))  # 1 when cores are shared
+torch.set_num_threads(int(os.environ.get("SAM2EDGE_TEST_THREADS", "1" if WORKER else "2")))  # 1: cores shared
 
 
 @pytest.fixture(scope="session")
@@ -51,18 +52,15 @@ def upstream_hf():
 
 @pytest.fixture(scope="session")
 def small_bundle(tmp_path_factory):
-    """target -> a test-small fp32 bundle with the synthetic weights, exported once per session
+    """target -> a test-small fp32 bundle with the synthetic weights, exported once per test run
     (``sam2edge export --config test-small``); tests that only read a bundle can share it."""
     from sam2edge.cli.main import main
 
-    made: dict[str, Path] = {}
-
     def get(target: str) -> Path:
-        if target not in made:
-            out = tmp_path_factory.mktemp(f"small-{target}") / "bundle"
+        def build(out: Path) -> None:
             argv = ["export", "--target", target, "--config", "test-small", "--precision", "fp32", "--out", str(out)]
             assert main(argv) == 0
-            made[target] = out
-        return made[target]
+
+        return built_once(tmp_path_factory, f"small-{target}", build)
 
     return get
