@@ -75,9 +75,11 @@ def test_export_writes_a_verified_bundle(bundle):
         "decoder.tflite",
         "mask_encoder.tflite",
         "decoder_cpu.tflite",
+        "decoder_prep.tflite",
         "decoder_batched.tflite",
     }
     assert files["decoder_cpu.tflite"] == "decoder-cpu" and files["decoder_batched.tflite"] == "decoder-batched"
+    assert files["decoder_prep.tflite"] == "decoder-prep"
     assert all((bundle / f).is_file() for f in files)
     fid = card["fidelity"]
     assert fid["passed"] and fid["end_to_end"]["clicks"] >= 40
@@ -99,6 +101,13 @@ def test_export_writes_a_verified_bundle(bundle):
         "dense_prompt": [1, 32, 16, 16],
     }
     assert sorted(t["position"] for t in io["inputs"]) == list(range(6))
+    # the CPU decoder is given the first layer's image projections (HW x Ci each) by the prep graph
+    hw, ci = 16 * 16, 32 // TEST_SMALL.attention_downsample_rate
+    projections = {n: [1, hw, ci] for n in ("image_q", "image_k", "image_v")}
+    cpu_io, prep_io = card["extra"]["io"]["decoder_cpu.tflite"], card["extra"]["io"]["decoder_prep.tflite"]
+    assert {t["name"]: t["shape"] for t in cpu_io["inputs"]} == shapes | projections
+    assert {t["name"]: t["shape"] for t in prep_io["outputs"]} == projections
+    assert {t["name"] for t in prep_io["inputs"]} == {"image_embeddings", "dense_prompt"}
     outs = {t["name"]: t["shape"] for t in io["outputs"]}
     assert outs == {
         "masks": [1, 3, 64, 64],
@@ -150,8 +159,8 @@ def test_op_presence_and_absence(bundle):
     assert {"CONV_2D", "MAX_POOL_2D", "BATCH_MATMUL", "SOFTMAX", "FULLY_CONNECTED"} <= set(enc.ops)
     assert {"CONV_2D", "BATCH_MATMUL", "SOFTMAX", "FULLY_CONNECTED"} <= set(dec.ops)
     assert "TRANSPOSE_CONV" not in dec.ops and "ERF" not in enc.ops  # zero-stuff conv, no erf GELU
-    cpu = lint_file(bundle / "decoder_cpu.tflite")  # native transposed conv: fewer MACs, CPU only
-    assert "TRANSPOSE_CONV" in cpu.ops and cpu.nodes < dec.nodes
+    cpu = lint_file(bundle / "decoder_cpu.tflite")  # transposed conv as a GEMM: fewer MACs, CPU only
+    assert "TRANSPOSE_CONV" not in cpu.ops and "PAD" not in cpu.ops and cpu.nodes < dec.nodes
     assert {t.name for t in dec.signatures["serving_default"]["inputs"]} >= {"sparse_prompt", "sparse_valid"}
 
 
@@ -248,6 +257,35 @@ def test_cpu_runtime_loads_the_cpu_decoder_and_both_decoders_agree(bundle, predi
     for x, y in ((a.masks, b.masks), (a.iou, b.iou), (a.single_mask, b.single_mask)):
         x, y = x.ravel().astype(np.float64), y.ravel().astype(np.float64)
         assert x @ y / np.linalg.norm(x) / np.linalg.norm(y) >= 0.99999
+
+
+def test_cpu_decoder_prep_runs_once_per_image_and_per_mask_input(predictors):
+    """decoder_prep.tflite runs in encode (set_image), not in a click; a mask input's dense prompt changes the
+    projections, so that click runs it once more; Features made elsewhere (stored embeddings) get it once."""
+    from sam2edge.runtime.backends import Features
+
+    _, test = predictors
+    cpu = test.backend
+    calls = []
+    prep = cpu._prep
+    cpu._prep = lambda **kw: calls.append(1) or prep(**kw)
+    try:
+        image = np.random.default_rng(0).standard_normal((1, 3, 256, 256)).astype(np.float32)
+        feats = cpu.encode(image)
+        assert len(calls) == 1 and "decoder_prep.tflite" in feats.prepared
+        coords, labels = np.array([[[40.0, 60.0], [0.0, 0.0]]], np.float32), np.array([[1, -1]], np.float32)
+        first = cpu.decode(feats, coords, labels, None)
+        cpu.decode(feats, coords + 9.0, labels, None)
+        assert len(calls) == 1
+        cpu.decode(feats, coords, labels, np.ones((1, 1, 64, 64), np.float32))
+        assert len(calls) == 2
+        bare = Features(feats.image_embed, feats.feat_s0, feats.feat_s1)  # e.g. read back from an embeddings file
+        again = cpu.decode(bare, coords, labels, None)
+        cpu.decode(bare, coords, labels, None)
+        assert len(calls) == 3
+        np.testing.assert_array_equal(again.masks, first.masks)
+    finally:
+        cpu._prep = prep
 
 
 def test_too_many_prompt_points_is_a_clear_error(predictors):

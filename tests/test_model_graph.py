@@ -20,12 +20,13 @@ ALL_REWRITES = [
     for r, a, t, n, h, f in itertools.product(
         (4, 3),
         ("math", "sdpa"),
-        ("zero_stuff", "native"),
+        ("zero_stuff", "native", "matmul"),
         ("scaled", "safe", "native"),
         ("channel_sum", "matmul"),
         ("projected", "folded"),
     )
-    if f == "projected" or n == "native"  # the fold touches only the attention: one LayerNorm form suffices
+    # the fold touches only the attention, the matmul transposed conv only the upscaling: one LayerNorm form each
+    if (f == "projected" or n == "native") and (t != "matmul" or (n == "native" and f == "projected"))
 ]
 
 
@@ -243,3 +244,37 @@ def test_folded_cross_attention_equals_upstream_at_full_decoder_width(seed, batc
         scale = float(want.abs().max())
         assert float((got - want).abs().max()) <= 1e-5 * scale
         assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.999999
+
+
+@pytest.mark.parametrize("seed", [3, 1])
+@pytest.mark.parametrize("with_mask", [False, True], ids=["no-mask", "mask-input"])
+def test_decode_given_its_image_projections_equals_upstream(seed, with_mask):
+    """The click's prompt-independent work, computed before the prompt (``image_projections``, LiteRT's
+    ``decoder_prep.tflite``), then handed to ``decode(given=...)``: every output equals upstream's decode of
+    the same prompt, bit for bit with the same rewrites, at SAM 2.1's decoder width; ignored slots included."""
+    from sam2edge.checks.fidelity.checkpoints import TEST_SMALL_WIDE_DECODER as cfg
+    from sam2edge.export.litert import CPU_DECODER_REWRITES
+
+    sd = synthetic_state_dict(cfg, seed=seed)
+    ref, cpu = build_sam2(cfg, UPSTREAM), build_sam2(cfg, CPU_DECODER_REWRITES)
+    ref.load_state_dict(sd)
+    cpu.load_state_dict(sd)
+    g = torch.Generator().manual_seed(seed)
+    e, c = cfg.image_embedding_size, cfg.d_model
+    emb, s0, s1 = (torch.randn(1, ch, s, s, generator=g) for ch, s in ((c, e), (c // 8, 4 * e), (c // 4, 2 * e)))
+    coords = torch.rand(1, 4, 2, generator=g) * cfg.image_size  # (1, 4, 2)
+    labels = torch.tensor([[1.0, 0.0, -1.0, 1.0]])  # (1, 4): the last slot is ignored (valid 0)
+    valid = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    with torch.no_grad():
+        pe = ref.sam_prompt_encoder
+        sparse = pe.embed_points(coords, labels)  # (1, 4, C)
+        dense = pe.embed_mask(torch.randn(1, 1, 4 * e, 4 * e, generator=g)) if with_mask else pe.no_mask_dense
+        want = ref.decode(emb, s0, s1, sparse, dense, valid)
+        given = cpu.image_projections(emb, dense)
+        assert [tuple(t.shape) for t in given] == [(1, e * e, c // cfg.attention_downsample_rate)] * 3
+        got = cpu.decode(emb, s0, s1, sparse, dense, valid, given)
+        same = cpu.decode(emb, s0, s1, sparse, dense, valid)
+    for a, b, w in zip(got, same, want):
+        assert torch.equal(a, b)
+        scale = float(w.abs().max())
+        assert float((a - w).abs().max()) <= 1e-5 * scale

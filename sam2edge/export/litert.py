@@ -42,7 +42,10 @@ from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import (
     DECODER_OUTPUTS,
     ENCODER_OUTPUTS,
+    IMAGE_PROJECTIONS,
     EncoderGraph,
+    GivenTokenDecoderGraph,
+    ImageProjectionsGraph,
     MaskEncoderGraph,
     TokenDecoderGraph,
 )
@@ -52,8 +55,10 @@ from sam2edge.runtime.backends import EagerBackend
 from sam2edge.runtime.litert_backend import (
     BATCHED_DECODER_FILE,
     CARD_CONST_FILE,
+    CPU_ONLY_FILES,
     DECODER_CPU_FILE,
     DECODER_FILE,
+    DECODER_PREP_FILE,
     DEFAULT_NUM_TOKENS,
     ENCODER_FILE,
     MASK_ENCODER_FILE,
@@ -72,25 +77,30 @@ ROLES = {
     DECODER_FILE: "decoder",
     MASK_ENCODER_FILE: "mask-encoder",
     DECODER_CPU_FILE: "decoder-cpu",
+    DECODER_PREP_FILE: "decoder-prep",
     BATCHED_DECODER_FILE: "decoder-batched",
 }
 # The prompt-side graphs, fp32 in every bundle (4.2 M parameters at every size; fp16 weights here cost the
 # large model's end-to-end median its bar: notes/issue-19.md, session 15).
-IMAGE_DECODER_FILES = frozenset({DECODER_FILE, DECODER_CPU_FILE, MASK_ENCODER_FILE, BATCHED_DECODER_FILE})
-# The CPU decoder: upstream's native transposed convolution (XNNPACK has TRANSPOSE_CONV; the GPU-clean
-# zero-stuffed form does 4x its multiply-adds) and the matmul mask head (one BATCH_MATMUL instead of
-# per-token weighted channel sums). Both switches are upstream's own operations (``model.UPSTREAM``).
+IMAGE_DECODER_FILES = frozenset(
+    {DECODER_FILE, DECODER_CPU_FILE, DECODER_PREP_FILE, MASK_ENCODER_FILE, BATCHED_DECODER_FILE}
+)
+# The CPU decoder: the 2x2 transposed convolutions as one GEMM per pixel (``transposed_conv="matmul"``; XNNPACK's
+# TRANSPOSE_CONV ran at half the GEMM rate and the GPU-clean zero-stuffed form does 4x the multiply-adds) and the
+# matmul mask head (one BATCH_MATMUL instead of per-token weighted channel sums); both exact.
 # Full-size Hiera-Tiny decoder, torch FlopCounter: 6.04 GFLOP with Rewrites() vs 3.64 with these.
 # Not ``token_fold``: with the 8 prompt slots (14 tokens) it saves 9 % of the FLOPs, and the converted graph
 # ran 2x slower (XNNPACK FULLY_CONNECTED with the 4096x256 image as its weights, re-packed every call:
 # 36.3 -> 75.0 ms per click at 1024 px, notes/issue-16.md, session 16).
-CPU_DECODER_REWRITES = Rewrites(transposed_conv="native", mask_head="matmul")
+# It is given its prompt-independent work (the first layer's three image projections, 0.8 GFLOP at 1024 px)
+# by ``decoder_prep.tflite``, run once per image: a click computes 2.8 of the 3.6 GFLOP (session 18).
+CPU_DECODER_REWRITES = Rewrites(transposed_conv="matmul", mask_head="matmul")
 
 
 def is_gpu_file(file: str) -> bool:
     """Every .tflite of a bundle (image, batched and video graphs) is linted and GPU-checked, except the CPU
-    decoder, which only the CPU runtime loads."""
-    return file.endswith(".tflite") and file != DECODER_CPU_FILE
+    decoder and its prep graph, which only the CPU runtime loads."""
+    return file.endswith(".tflite") and file not in CPU_ONLY_FILES
 
 
 @dataclass
@@ -208,10 +218,7 @@ def _tables_extra(cfg: Sam2Config) -> dict:
 
 def _graphs(job) -> dict:
     out = {name: (ROLES[name], module, kwargs) for name, (module, kwargs) in graphs(job.model, _tokens(job)).items()}
-    cpu = build_sam2(job.cfg, CPU_DECODER_REWRITES)
-    cpu.load_state_dict(job.sd, strict=True)
-    module, kwargs = graphs(cpu, _tokens(job))[DECODER_FILE]
-    out[DECODER_CPU_FILE] = (ROLES[DECODER_CPU_FILE], module, kwargs)
+    out.update(_cpu_graphs(job))
     batched = NamedOutputs(bat.BatchedTokenDecoderGraph(job.model, bat.batch_size(job)), DECODER_OUTPUTS)
     out[BATCHED_DECODER_FILE] = (
         ROLES[BATCHED_DECODER_FILE],
@@ -219,6 +226,22 @@ def _graphs(job) -> dict:
         bat.sample_inputs(job.model, bat.batch_size(job)),
     )
     return out
+
+
+def _cpu_graphs(job) -> dict:
+    """The CPU runtime's decoder (``CPU_DECODER_REWRITES``), given its image projections by the prep graph."""
+    cpu = build_sam2(job.cfg, CPU_DECODER_REWRITES)
+    cpu.load_state_dict(job.sd, strict=True)
+    _, kwargs = graphs(cpu, _tokens(job))[DECODER_FILE]
+    feats = {k: kwargs[k] for k in ("image_embeddings", "dense_prompt")}
+    with torch.no_grad():
+        given = dict(zip(IMAGE_PROJECTIONS, ImageProjectionsGraph(cpu)(**feats)))  # 3 x (1, HW, Ci)
+    decoder = NamedOutputs(GivenTokenDecoderGraph(cpu), DECODER_OUTPUTS)
+    prep = NamedOutputs(ImageProjectionsGraph(cpu), IMAGE_PROJECTIONS)
+    return {
+        DECODER_CPU_FILE: (ROLES[DECODER_CPU_FILE], decoder, {**kwargs, **given}),
+        DECODER_PREP_FILE: (ROLES[DECODER_PREP_FILE], prep, feats),
+    }
 
 
 def _backend(job) -> LiteRTBackend:
@@ -253,10 +276,10 @@ def _tokens(job) -> int:
 
 
 def _lint(job) -> dict[str, LintReport]:
-    """GPU graphs: lint, refusing a dirty one; the CPU decoder: linted for the record only (its
-    TRANSPOSE_CONV is on purpose; the GPU never loads it)."""
+    """GPU graphs: lint, refusing a dirty one; the CPU decoder and its prep graph: linted for the record
+    only (the GPU never loads them)."""
     reports = lint_graphs(job.folder, [f for f in job.files if is_gpu_file(f)], job.allow_dirty)
-    return reports | {f: lint_file(job.folder / f) for f in job.files if f == DECODER_CPU_FILE}
+    return reports | {f: lint_file(job.folder / f) for f in job.files if f in CPU_ONLY_FILES}
 
 
 def _extra(job) -> dict:
@@ -285,7 +308,10 @@ def _extra(job) -> dict:
         "lint": lint,
         "gpu_clean": all(r.clean for f, r in reports.items() if is_gpu_file(f)),
         "decoders": {
-            "cpu": f"{DECODER_CPU_FILE} (Rewrites {vars(CPU_DECODER_REWRITES)}), run by the CPU runtime",
+            "cpu": (
+                f"{DECODER_CPU_FILE} (Rewrites {vars(CPU_DECODER_REWRITES)}), run by the CPU runtime, given "
+                f"{', '.join(IMAGE_PROJECTIONS)} by {DECODER_PREP_FILE} (once per image and mask input)"
+            ),
             "gpu": f"{DECODER_FILE} (GPU-clean), for the GPU delegate and the browser",
         },
         "checks": job.checks,

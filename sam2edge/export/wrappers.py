@@ -14,9 +14,11 @@ import torch
 from torch import nn
 
 from sam2edge.model import Sam2ImageModel
+from sam2edge.model.mask_decoder import ImageProjections
 
 ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")
 DECODER_OUTPUTS = ("masks", "iou_scores", "single_mask", "single_iou", "object_score")
+IMAGE_PROJECTIONS = ImageProjections._fields  # ("image_q", "image_k", "image_v")
 
 
 class EncoderGraph(nn.Module):
@@ -44,6 +46,36 @@ class TokenDecoderGraph(nn.Module):
     def forward(self, image_embeddings, feat_s0, feat_s1, sparse_prompt, sparse_valid, dense_prompt):
         out = self.model.decode(image_embeddings, feat_s0, feat_s1, sparse_prompt, dense_prompt, sparse_valid)
         return self.model.answers(*out)
+
+
+class GivenTokenDecoderGraph(nn.Module):
+    """``TokenDecoderGraph`` given its prompt-independent work (LiteRT's CPU decoder): the inputs of
+    ``TokenDecoderGraph`` plus image_q, image_k, image_v 1xHWxCi from ``ImageProjectionsGraph`` of the same
+    image_embeddings and dense_prompt. Outputs: DECODER_OUTPUTS, equal to ``TokenDecoderGraph``'s."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, image_embeddings, feat_s0, feat_s1, sparse_prompt, sparse_valid, dense_prompt, image_q, image_k, image_v
+    ):
+        given = ImageProjections(image_q, image_k, image_v)
+        m = self.model
+        out = m.decode(image_embeddings, feat_s0, feat_s1, sparse_prompt, dense_prompt, sparse_valid, given)
+        return m.answers(*out)
+
+
+class ImageProjectionsGraph(nn.Module):
+    """image_embeddings 1xCxexe + dense_prompt 1xCxexe -> IMAGE_PROJECTIONS (3 x 1xHWxCi): the decoder's
+    first-layer image projections, run once per image (and per mask input), not per click."""
+
+    def __init__(self, model: Sam2ImageModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image_embeddings: torch.Tensor, dense_prompt: torch.Tensor) -> ImageProjections:
+        return self.model.image_projections(image_embeddings, dense_prompt)
 
 
 class MaskEncoderGraph(nn.Module):

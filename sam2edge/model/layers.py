@@ -19,7 +19,9 @@ from torch import nn
 class Rewrites:
     attention_rank: int = 4  # 4: q/k/v as [B, heads, N, d]; 3: [B*heads, N, d]
     attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
-    transposed_conv: str = "zero_stuff"  # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d
+    # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d; "matmul": one (HW, Cin) x (Cin, 4 Cout) product
+    # (kernel 2, stride 2: the 2x2 output blocks do not overlap), the blocks put in place by rank-4 reshapes
+    transposed_conv: str = "zero_stuff"
     # "scaled": statistics of x / mean|x - mean| (every intermediate in [0, C] whatever the scale of x: fp16-stable);
     # "safe": scale by 1/sqrt(C) before squaring; "native": F.layer_norm / upstream LayerNorm2d
     layer_norm: str = "scaled"
@@ -38,7 +40,7 @@ class Rewrites:
         checks = {
             "attention_rank": (self.attention_rank, (3, 4)),
             "attention_impl": (self.attention_impl, ("math", "sdpa")),
-            "transposed_conv": (self.transposed_conv, ("zero_stuff", "native")),
+            "transposed_conv": (self.transposed_conv, ("zero_stuff", "native", "matmul")),
             "layer_norm": (self.layer_norm, ("scaled", "safe", "native")),
             "mask_head": (self.mask_head, ("channel_sum", "matmul")),
             "memory_values": (self.memory_values, ("folded", "projected")),
@@ -287,13 +289,15 @@ def zero_stuff_2x(x: torch.Tensor) -> torch.Tensor:
 
 
 class UpConv2x2(nn.Module):
-    """ConvTranspose2d(kernel 2, stride 2), optionally as the exact zero-stuff + Conv2d identity.
+    """ConvTranspose2d(kernel 2, stride 2), optionally as an exact identity (``Rewrites.transposed_conv``).
 
-    Holds the upstream ConvTranspose2d parameters ``weight`` (Cin, Cout, 2, 2) and ``bias``.
+    Holds the upstream ConvTranspose2d parameters ``weight`` (Cin, Cout, 2, 2) and ``bias``; every form
+    computes out[2i+a, 2j+b] = sum_c x[c, i, j] * weight[c, :, a, b] + bias.
     The zero-stuff form convolves the zero-inserted input, padded by one row/column at the
-    top/left, with the spatially flipped, in/out-swapped kernel: out[2i+a, 2j+b] =
-    sum_c x[c, i, j] * weight[c, :, a, b] + bias, every other product being an exact zero.
-    The flipped kernel is a buffer baked from ``weight`` whenever weights are loaded.
+    top/left, with the spatially flipped, in/out-swapped kernel (every other product an exact zero).
+    The matmul form is one product per pixel with the kernel as a (Cin, 4 Cout) matrix (a CPU's
+    GEMM, where TRANSPOSE_CONV runs at half its rate), then rank-4 reshapes place the 2x2 blocks.
+    The flipped kernel and the matrix are buffers baked from ``weight`` whenever weights are loaded.
     """
 
     def __init__(self, cin: int, cout: int, rw: Rewrites) -> None:
@@ -301,17 +305,30 @@ class UpConv2x2(nn.Module):
         self.weight = nn.Parameter(torch.empty(cin, cout, 2, 2))
         self.bias = nn.Parameter(torch.zeros(cout))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        self.zero_stuff = rw.transposed_conv == "zero_stuff"
+        self.form = rw.transposed_conv
         self.register_buffer("conv_weight", torch.empty(cout, cin, 2, 2), persistent=False)
+        self.register_buffer("mm_weight", torch.empty(cin, 4 * cout), persistent=False)
         self.refresh_constants()
         self.register_load_state_dict_post_hook(lambda module, _: module.refresh_constants())
 
     @torch.no_grad()
     def refresh_constants(self) -> None:
-        self.conv_weight = self.weight.detach().transpose(0, 1).flip(2, 3).contiguous()
+        w = self.weight.detach()
+        self.conv_weight = w.transpose(0, 1).flip(2, 3).contiguous()
+        self.mm_weight = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous()  # (Cin, 4 Cout): (a, b, o)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.zero_stuff:
+        if self.form == "native":
             return F.conv_transpose2d(x, self.weight, self.bias, stride=2)
+        if self.form == "matmul":
+            return self._matmul(x)
         z = F.pad(zero_stuff_2x(x), (1, 0, 1, 0))  # (B, Cin, 2H+1, 2W+1)
         return F.conv2d(z, self.conv_weight, self.bias)  # (B, Cout, 2H, 2W)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        O = self.bias.shape[0]
+        y = x.reshape(B, C, H * W).transpose(1, 2) @ self.mm_weight  # (B, HW, 4O): columns (a, b, o)
+        y = y.reshape(B * H, W, 2, 2 * O).transpose(1, 2)  # (B*H, 2 (a), W, 2O (b, o))
+        y = y.reshape(B, 2 * H, 2 * W, O) + self.bias  # (B, 2H, 2W, O): row 2i+a, column 2j+b
+        return y.permute(0, 3, 1, 2)  # (B, O, 2H, 2W)

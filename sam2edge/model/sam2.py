@@ -8,6 +8,8 @@ Stages (B = batch, S = image_size, e = S/16, C = d_model):
                  feat_s0 Bx(C/8)x4ex4e, feat_s1 Bx(C/4)x2ex2e  (conv_s0 / conv_s1 folded in)
   sam_prompt_encoder: points / box / mask -> sparse BxNxC, dense BxCxexe
   decode:        features + prompt embeddings -> masks Bx4x4ex4e logits, iou Bx4, object score Bx1
+  image_projections: image_embed + dense -> the decode's prompt-independent first-layer projections
+                 (3 x BxHWxCi, HW = e*e, Ci = C / attention_downsample_rate), for ``decode(given=...)``
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 from sam2edge.config import HIERA_TINY, Sam2Config
 from sam2edge.model.image_encoder import ImageEncoder
 from sam2edge.model.layers import Rewrites
-from sam2edge.model.mask_decoder import MaskDecoder
+from sam2edge.model.mask_decoder import ImageProjections, MaskDecoder
 from sam2edge.model.prompt_encoder import PromptEncoder
 
 
@@ -50,10 +52,16 @@ class Sam2ImageModel(nn.Module):
         sparse: torch.Tensor,
         dense: torch.Tensor,
         sparse_valid: torch.Tensor | None = None,
+        given: ImageProjections | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All four mask tokens: (masks Bx4x4ex4e logits, iou Bx4, object_score_logits Bx1)."""
+        """All four mask tokens: (masks Bx4x4ex4e logits, iou Bx4, object_score_logits Bx1). ``given``:
+        ``image_projections(image_embed, dense)``, computed beforehand (the same answer)."""
         pe = self.sam_prompt_encoder.image_pe
-        return self.sam_mask_decoder(image_embed, pe, sparse, dense, feat_s0, feat_s1, sparse_valid)
+        return self.sam_mask_decoder(image_embed, pe, sparse, dense, feat_s0, feat_s1, sparse_valid, given)
+
+    def image_projections(self, image_embed: torch.Tensor, dense: torch.Tensor) -> ImageProjections:
+        """The decode's prompt-independent work (``MaskDecoder.image_projections``): 3 x BxHWxCi."""
+        return self.sam_mask_decoder.image_projections(image_embed, self.sam_prompt_encoder.image_pe, dense)
 
     def answers(self, masks: torch.Tensor, iou: torch.Tensor, obj: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """THE answer of every graph and backend, from ``decode``'s four tokens: (multimask masks Bx3x4ex4e,

@@ -13,7 +13,7 @@ the reference.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,9 @@ class Features:
     image_embed: np.ndarray  # 1xCxexe, no_mem_embed added
     feat_s0: np.ndarray  # 1x(C/8)x4ex4e
     feat_s1: np.ndarray  # 1x(C/4)x2ex2e
+    # a backend's per-image work that no prompt changes (LiteRT: the CPU decoder's image projections), kept
+    # with the image's features under that backend's key; made by its encode, or on first use
+    prepared: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass

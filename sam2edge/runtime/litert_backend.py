@@ -12,6 +12,11 @@ Bundle files (the layout an app or the browser demo consumes; e = S/16, C = d_mo
                             single_iou [1,1], object_score [1,1] (object-presence logit)
   mask_encoder.tflite  in : mask_input [1,1,4e,4e] low-res logits of a previous answer
                        out: dense_prompt [1,C,e,e]
+  decoder_prep.tflite  (role ``decoder-prep``, CPU only) in : image_embeddings, dense_prompt
+                       out: image_q, image_k, image_v [1,e*e,C/2]: the decoder's first-layer image projections
+  decoder_cpu.tflite   (role ``decoder-cpu``, CPU only) decoder.tflite's inputs + image_q, image_k, image_v;
+                       upstream's native ops (``export.litert.CPU_DECODER_REWRITES``); same outputs. This
+                       runtime runs decoder_prep once per image (and per mask input), decoder_cpu per click
   decoder_batched.tflite  (card role ``decoder-batched``) the decoder's inputs with sparse_prompt [B,K,C],
                        sparse_valid [B,K] (B fixed at export): outputs with B rows (``decode_batch``)
   *.bin host tables, raw little-endian float32 (TABLE_FILES): the card-001 ``prompt_encode_const.bin``
@@ -37,9 +42,13 @@ from sam2edge.runtime.backends import Decoded, Features
 from sam2edge.runtime.prompts import encode_points, no_mask_dense
 
 ENCODER_FILE, DECODER_FILE, MASK_ENCODER_FILE = "encoder.tflite", "decoder.tflite", "mask_encoder.tflite"
-# the same decoder built with CPU-friendly rewrites (native transposed conv, matmul mask head): this CPU
+# the same decoder built with CPU-friendly rewrites (transposed conv as a GEMM, matmul mask head): this CPU
 # runtime loads it when the bundle has it; decoder.tflite is the GPU-clean graph (GPU delegate, browser)
 DECODER_CPU_FILE = "decoder_cpu.tflite"
+# the CPU decoder's prompt-independent work (export.wrappers.ImageProjectionsGraph): image_embeddings +
+# dense_prompt -> image_q, image_k, image_v, run once per image (and per mask input), not per click
+DECODER_PREP_FILE = "decoder_prep.tflite"
+CPU_ONLY_FILES = frozenset({DECODER_CPU_FILE, DECODER_PREP_FILE})  # never linted as GPU graphs or GPU-checked
 SIGNATURE = "serving_default"
 DEFAULT_NUM_TOKENS = 8  # box corners + up to 5 points + 1 pad, or up to 7 points + 1 pad
 
@@ -128,6 +137,8 @@ class LiteRTBackend:
         self._no_mask = no_mask_dense(self.tables, cfg.image_embedding_size)
         self._enc = _interpreter(self.folder / ENCODER_FILE, threads)
         self._dec = _interpreter(self.folder / decoder, threads)
+        given = "image_q" in self._dec.get_input_details()  # the CPU decoder, given its image projections
+        self._prep = _interpreter(self.folder / DECODER_PREP_FILE, threads) if given else None
         self._mask = _interpreter(self.folder / MASK_ENCODER_FILE, threads)
 
     @classmethod
@@ -164,8 +175,26 @@ class LiteRTBackend:
             )
 
     def encode(self, image: np.ndarray) -> Features:
+        """The encoder, then (a CPU decoder given its projections) ``decoder_prep.tflite`` for no mask input:
+        the image's share of every click, paid once here."""
         out = self._enc(image=np.ascontiguousarray(image, dtype=np.float32))
-        return Features(out["image_embeddings"], out["feat_s0"], out["feat_s1"])
+        feats = Features(out["image_embeddings"], out["feat_s0"], out["feat_s1"])
+        self._given(feats, None)
+        return feats
+
+    def _given(self, feats: Features, dense: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The decoder's image projections from ``decoder_prep.tflite``: for no mask input (``dense`` None)
+        once per image, kept on ``feats.prepared``; for a mask input's dense prompt, per call. {} for a
+        decoder that projects the image itself."""
+        if self._prep is None:
+            return {}
+        if dense is not None:
+            return self._prep(image_embeddings=feats.image_embed, dense_prompt=dense)
+        if DECODER_PREP_FILE not in feats.prepared:
+            feats.prepared[DECODER_PREP_FILE] = self._prep(
+                image_embeddings=feats.image_embed, dense_prompt=self._no_mask
+            )
+        return feats.prepared[DECODER_PREP_FILE]
 
     def encode_mask(self, mask_input: np.ndarray) -> np.ndarray:
         """mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe."""
@@ -179,14 +208,15 @@ class LiteRTBackend:
                 f"use at most {self.num_tokens - 1} points, or {self.num_tokens - 3} with a box"
             )
         tokens, valid = encode_points(coords[0], labels[0], self.tables, self.cfg.image_size, self.num_tokens)
-        dense = self._no_mask if mask_input is None else self.encode_mask(mask_input)
+        dense = None if mask_input is None else np.ascontiguousarray(self.encode_mask(mask_input), dtype=np.float32)
         out = self._dec(
             image_embeddings=feats.image_embed,
             feat_s0=feats.feat_s0,
             feat_s1=feats.feat_s1,
             sparse_prompt=tokens,
             sparse_valid=valid,
-            dense_prompt=np.ascontiguousarray(dense, dtype=np.float32),
+            dense_prompt=self._no_mask if dense is None else dense,
+            **self._given(feats, dense),
         )
         return Decoded(out["masks"], out["iou_scores"], out["single_mask"], out["single_iou"], out["object_score"])
 

@@ -240,7 +240,7 @@ def tflite_node_times(path: Path, threads: int, runs: int) -> tuple[list[NodeTim
 def profile_litert(folder: Path, backend, inputs: tuple, threads: int, runs: int) -> dict:
     """Encoder, GPU decoder and (where the bundle has it) the CPU decoder that the CPU runtime runs."""
     out = {}
-    for graph in ("encoder", "decoder", "decoder-cpu"):
+    for graph in ("encoder", "decoder", "decoder-cpu", "decoder-prep"):
         path = _artifact(folder, graph)
         if path is None:
             continue

@@ -13,13 +13,13 @@ from sam2edge.errors import UserError
 
 
 def tflite_files(target: str | Path) -> list[Path]:
-    """A .tflite file, or every .tflite directly in a folder (sorted; a bundle's CPU-only decoder left out,
+    """A .tflite file, or every .tflite directly in a folder (sorted; a bundle's CPU-only decoder graphs left out,
     the GPU never loads it); else UserError."""
-    from sam2edge.runtime.litert_backend import DECODER_CPU_FILE
+    from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
 
     target = Path(target)
     if target.is_dir():
-        files = sorted(p for p in target.glob("*.tflite") if p.name != DECODER_CPU_FILE)
+        files = sorted(p for p in target.glob("*.tflite") if p.name not in CPU_ONLY_FILES)
         if not files:
             raise UserError(f"{target} holds no .tflite file; pass a .tflite file or a LiteRT bundle folder")
         return files
@@ -150,7 +150,7 @@ def export_check(ctx) -> dict:
         return skipped_record("not run: exported with --gpu-check skip")
     files, devices, reused = {}, [], []
     for f in sorted(ctx.files):
-        if f.endswith(".tflite") and ctx.files[f] != "decoder-cpu":  # the CPU decoder never meets a GPU
+        if f.endswith(".tflite") and ctx.files[f] not in ("decoder-cpu", "decoder-prep"):  # CPU-only graphs
             files[f], device, hit = cached_summary(ctx.folder / f)
             devices.append(device)
             reused += [f] if hit else []
