@@ -19,7 +19,7 @@ import torch
 
 from sam2edge.checks.fidelity import mask_iou, photo, photo_path
 from sam2edge.config import TEST_SMALL
-from sam2edge.runtime.litert_backend import DECODER_CPU_FILE
+from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
 from sam2edge.serve.assets import browser_decoder, litertjs_version, node_modules
@@ -216,7 +216,7 @@ def test_sweep_bundle_records(browser, bundle, tmp_path):
         out_root=tmp_path / "sweep",
         browser=browser,
     )
-    gpu_facing = [f for f in bundle.glob("*.tflite") if f.name != DECODER_CPU_FILE]  # the browser's graphs
+    gpu_facing = [f for f in bundle.glob("*.tflite") if f.name not in CPU_ONLY_FILES]  # the browser's graphs
     assert sorted(p.name for p in paths) == sorted(f"sam2.1-hiera-tiny__{f.stem}.json" for f in gpu_facing)
     for p in paths:
         assert p.parent.parent.name == litertjs_version()

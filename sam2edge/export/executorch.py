@@ -4,9 +4,10 @@ Writes ``encoder.pte`` (``XnnEncoderGraph``) and ``decoder.pte`` (``XnnDecoderGr
 inside, ``MAX_POINTS`` prompt slots), ``fidelity.json``, ``card.json``, ``manifest.json``; I/O of both
 programs in ``sam2edge.runtime.executorch_backend``.
 
-Model: ``Rewrites(transposed_conv="native")`` (XNNPACK has a deconvolution; the zero-stuff form would
-need zero-filled tensors it cannot make), rank-4 math attention, overflow-safe LayerNorm; the graph
-legalization of ``executorch_lower`` puts LayerNorm, attention and (fp32) GELU in the delegate.
+Model: ``Rewrites(transposed_conv="matmul")`` (the 2x2 transposed convolutions as GEMMs, faster than XNNPACK's
+deconvolution; the zero-stuff form would need zero-filled tensors it cannot make), rank-4 math attention,
+overflow-safe LayerNorm; the graph legalization of ``executorch_lower`` puts LayerNorm, attention and (fp32)
+GELU in the delegate.
 Precisions (I/O fp32 for all):
   fp32  as is;
   fp16  the encoder ``model.half()`` (GELU as an erf-free exact form inside the delegate: XNNPACK's own fp16
@@ -54,7 +55,9 @@ from sam2edge.runtime.executorch_backend import (
     ExecuTorchBackend,
 )
 
-REWRITES = Rewrites(transposed_conv="native", texture_limit=0)  # XNNPACK: no texture limits
+# the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
+# decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18)
+REWRITES = Rewrites(transposed_conv="matmul", texture_limit=0)  # XNNPACK: no texture limits
 # (no token_fold: 16 prompt slots make 22 tokens, and 8 heads x 22 > the inner width 128: folding would cost more)
 FP32_COSINE = BARS["fp32"]["min_cosine"]
 ACCURACY_BAR = BARS["int8"]["min_iou_worst"]  # int8's worst end-to-end mask IoU vs the fp32 pipeline

@@ -307,7 +307,8 @@ class UpConv2x2(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         self.form = rw.transposed_conv
         self.register_buffer("conv_weight", torch.empty(cout, cin, 2, 2), persistent=False)
-        self.register_buffer("mm_weight", torch.empty(cin, 4 * cout), persistent=False)
+        self.register_buffer("mm_weight", torch.empty(4 * cout, cin), persistent=False)  # Linear layout
+        self.register_buffer("mm_bias", torch.empty(4 * cout), persistent=False)
         self.refresh_constants()
         self.register_load_state_dict_post_hook(lambda module, _: module.refresh_constants())
 
@@ -315,7 +316,8 @@ class UpConv2x2(nn.Module):
     def refresh_constants(self) -> None:
         w = self.weight.detach()
         self.conv_weight = w.transpose(0, 1).flip(2, 3).contiguous()
-        self.mm_weight = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous()  # (Cin, 4 Cout): (a, b, o)
+        self.mm_weight = w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()  # (4 Cout (a, b, o), Cin)
+        self.mm_bias = self.bias.detach().repeat(4)  # (4 Cout): bias[o] at (a, b, o)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.form == "native":
@@ -328,7 +330,7 @@ class UpConv2x2(nn.Module):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         O = self.bias.shape[0]
-        y = x.reshape(B, C, H * W).transpose(1, 2) @ self.mm_weight  # (B, HW, 4O): columns (a, b, o)
+        y = F.linear(x.reshape(B, C, H * W).transpose(1, 2), self.mm_weight, self.mm_bias)  # (B, HW, 4O): (a, b, o)
         y = y.reshape(B * H, W, 2, 2 * O).transpose(1, 2)  # (B*H, 2 (a), W, 2O (b, o))
-        y = y.reshape(B, 2 * H, 2 * W, O) + self.bias  # (B, 2H, 2W, O): row 2i+a, column 2j+b
+        y = y.reshape(B, 2 * H, 2 * W, O)  # (B, 2H, 2W, O): row 2i+a, column 2j+b
         return y.permute(0, 3, 1, 2)  # (B, O, 2H, 2W)

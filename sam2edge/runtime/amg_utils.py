@@ -143,7 +143,9 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, i
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
     order = torch.sort(scores, descending=True, stable=True).indices
-    iou = box_iou(boxes[order].float(), boxes[order].float())  # (N, N) in score order
+    # (N, N) in score order, float64: a float32 IoU compared with a Python threshold rounds the threshold to
+    # float32 (0.9999999999999999 -> 1.0 kept two identical boxes; torchvision compares against a double)
+    iou = box_iou(boxes[order].double(), boxes[order].double())
     same = idxs[order][:, None] == idxs[order][None, :]
     suppresses = (iou > iou_threshold) & same
     alive = torch.ones(len(order), dtype=torch.bool)
