@@ -272,7 +272,7 @@ def test_cpu_decoder_prep_runs_once_per_image_and_per_mask_input(predictors):
     try:
         image = np.random.default_rng(0).standard_normal((1, 3, 256, 256)).astype(np.float32)
         feats = cpu.encode(image)
-        assert len(calls) == 1 and "decoder_prep.tflite" in feats.prepared
+        assert len(calls) == 1 and list(feats.prepared) == [str((cpu.folder / "decoder_prep.tflite").resolve())]
         coords, labels = np.array([[[40.0, 60.0], [0.0, 0.0]]], np.float32), np.array([[1, -1]], np.float32)
         first = cpu.decode(feats, coords, labels, None)
         cpu.decode(feats, coords + 9.0, labels, None)

@@ -15,7 +15,7 @@ Bundle files (the layout an app or the browser demo consumes; e = S/16, C = d_mo
   decoder_prep.tflite  (role ``decoder-prep``, CPU only) in : image_embeddings, dense_prompt
                        out: image_q, image_k, image_v [1,e*e,C/2]: the decoder's first-layer image projections
   decoder_cpu.tflite   (role ``decoder-cpu``, CPU only) decoder.tflite's inputs + image_q, image_k, image_v;
-                       upstream's native ops (``export.litert.CPU_DECODER_REWRITES``); same outputs. This
+                       CPU-friendly exact rewrites (``export.litert.CPU_DECODER_REWRITES``); same outputs. This
                        runtime runs decoder_prep once per image (and per mask input), decoder_cpu per click
   decoder_batched.tflite  (card role ``decoder-batched``) the decoder's inputs with sparse_prompt [B,K,C],
                        sparse_valid [B,K] (B fixed at export): outputs with B rows (``decode_batch``)
@@ -139,6 +139,7 @@ class LiteRTBackend:
         self._dec = _interpreter(self.folder / decoder, threads)
         given = "image_q" in self._dec.get_input_details()  # the CPU decoder, given its image projections
         self._prep = _interpreter(self.folder / DECODER_PREP_FILE, threads) if given else None
+        self._prep_key = str((self.folder / DECODER_PREP_FILE).resolve())  # Features.prepared: this bundle's
         self._mask = _interpreter(self.folder / MASK_ENCODER_FILE, threads)
 
     @classmethod
@@ -190,11 +191,9 @@ class LiteRTBackend:
             return {}
         if dense is not None:
             return self._prep(image_embeddings=feats.image_embed, dense_prompt=dense)
-        if DECODER_PREP_FILE not in feats.prepared:
-            feats.prepared[DECODER_PREP_FILE] = self._prep(
-                image_embeddings=feats.image_embed, dense_prompt=self._no_mask
-            )
-        return feats.prepared[DECODER_PREP_FILE]
+        if self._prep_key not in feats.prepared:  # keyed by the file: features shared with another bundle
+            feats.prepared[self._prep_key] = self._prep(image_embeddings=feats.image_embed, dense_prompt=self._no_mask)
+        return feats.prepared[self._prep_key]
 
     def encode_mask(self, mask_input: np.ndarray) -> np.ndarray:
         """mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe."""
