@@ -234,10 +234,10 @@ def _cpu_graphs(job) -> dict:
     cpu.load_state_dict(job.sd, strict=True)
     _, kwargs = graphs(cpu, _tokens(job))[DECODER_FILE]
     feats = {k: kwargs[k] for k in ("image_embeddings", "dense_prompt")}
-    with torch.no_grad():
-        given = dict(zip(IMAGE_PROJECTIONS, ImageProjectionsGraph(cpu)(**feats)))  # 3 x (1, HW, Ci)
-    decoder = NamedOutputs(GivenTokenDecoderGraph(cpu), DECODER_OUTPUTS)
     prep = NamedOutputs(ImageProjectionsGraph(cpu), IMAGE_PROJECTIONS)
+    with torch.no_grad():
+        given = prep(**feats)  # the CPU decoder's sample projections: 3 x (1, HW, Ci), by name
+    decoder = NamedOutputs(GivenTokenDecoderGraph(cpu), DECODER_OUTPUTS)
     return {
         DECODER_CPU_FILE: (ROLES[DECODER_CPU_FILE], decoder, {**kwargs, **given}),
         DECODER_PREP_FILE: (ROLES[DECODER_PREP_FILE], prep, feats),

@@ -146,11 +146,13 @@ def export_check(ctx) -> dict:
     A file that is not ``resident`` refuses the export (UserError naming the file and why) unless
     ``ctx.allow_dirty``. "skip" records that the check was not run. A graph checked before is reused.
     """
+    from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
+
     if getattr(ctx, "state", {}).get("gpu_check", "run") == "skip":
         return skipped_record("not run: exported with --gpu-check skip")
     files, devices, reused = {}, [], []
     for f in sorted(ctx.files):
-        if f.endswith(".tflite") and ctx.files[f] not in ("decoder-cpu", "decoder-prep"):  # CPU-only graphs
+        if f.endswith(".tflite") and f not in CPU_ONLY_FILES:  # the CPU-only decoder graphs never meet a GPU
             files[f], device, hit = cached_summary(ctx.folder / f)
             devices.append(device)
             reused += [f] if hit else []
