@@ -64,3 +64,60 @@ def small_bundle(tmp_path_factory):
         return built_once(tmp_path_factory, f"small-{target}", build)
 
     return get
+
+
+def _save_video_checkpoint(path: Path) -> None:
+    from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
+    from sam2edge.weights.load import save_checkpoint
+    from sam2edge.weights.video import synthetic_video_state_dict
+    from tests.video_oracles import OBJ_SCORE_LIFT
+
+    sd = synthetic_video_state_dict(TEST_SMALL, VIDEO_TEST_SMALL, seed=3)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT  # objects stay present
+    path.mkdir()
+    save_checkpoint(sd, "meta", path / "video_small.pt")
+
+
+@pytest.fixture(scope="session")
+def video_checkpoint(tmp_path_factory) -> Path:
+    """Perturbed synthetic test-small video weights (object-score head lifted), saved as a Meta checkpoint."""
+    return built_once(tmp_path_factory, "video-checkpoint", _save_video_checkpoint) / "video_small.pt"
+
+
+@pytest.fixture(scope="session")
+def video_bundle_dir(tmp_path_factory, video_checkpoint):
+    """target -> a test-small fp32 ``--video`` bundle of ``video_checkpoint``, exported once per test run."""
+    from sam2edge.export.pipeline import run_export
+
+    def get(target: str) -> Path:
+        def build(out: Path) -> None:
+            run_export(  # batch 0: no batched decoder (segment everything is not under test here)
+                target,
+                "test-small",
+                "fp32",
+                out,
+                checkpoint=str(video_checkpoint),
+                clicks=4,
+                video=True,
+                options={"batch": 0},
+            )
+
+        return built_once(tmp_path_factory, f"video-{target}", build)
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium (Python playwright) with WebGPU on SwiftShader, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    from sam2edge.serve.assets import node_modules
+    from sam2edge.serve.chromium import chromium_path, launch
+
+    chromium_path()  # raises (test error, not skip) when chromium is missing
+    assert node_modules() is not None, "LiteRT.js is not installed: run `npm ci` at the repo root"
+    with sync_playwright() as pw:
+        b = launch(pw, webgpu=True)
+        yield b
+        b.close()

@@ -22,8 +22,7 @@ from sam2edge.config import TEST_SMALL
 from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
-from sam2edge.serve.assets import browser_decoder, litertjs_version, node_modules
-from sam2edge.serve.chromium import chromium_path, launch
+from sam2edge.serve.assets import browser_decoder, litertjs_version
 from sam2edge.serve.sweep import SweepConfig, sweep_bundle
 
 PHOTO = "chelsea.png"
@@ -51,18 +50,6 @@ def server(bundle, predictor):
     yield srv
     srv.shutdown()
     srv.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    chromium_path()  # raises (test error, not skip) when chromium is missing
-    assert node_modules() is not None, "LiteRT.js is not installed: run `npm ci` at the repo root"
-    with sync_playwright() as pw:
-        b = launch(pw, webgpu=True)
-        yield b
-        b.close()
 
 
 def open_page(browser, server, query: str):

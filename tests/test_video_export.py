@@ -15,47 +15,17 @@ from sam2edge.checks.fidelity.metrics import mask_iou
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.export.pipeline import run_export
 from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, video_file
 from sam2edge.runtime.video_predictor import Sam2VideoPredictor
-from tests.once import built_once
-from tests.video_oracles import OBJ_SCORE_LIFT, drifting_clip
+from tests.video_oracles import drifting_clip
 
 TARGETS = ("litert", "onnx", "executorch")
 
 
-def _save_video_checkpoint(path) -> None:
-    from sam2edge.weights.load import save_checkpoint
-    from sam2edge.weights.video import synthetic_video_state_dict
-
-    sd = synthetic_video_state_dict(TEST_SMALL, VIDEO_TEST_SMALL, seed=3)
-    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT  # objects stay present
-    path.mkdir()
-    save_checkpoint(sd, "meta", path / "video_small.pt")
-
-
-@pytest.fixture(scope="session")
-def video_checkpoint(tmp_path_factory):
-    return built_once(tmp_path_factory, "video-checkpoint", _save_video_checkpoint) / "video_small.pt"
-
-
 @pytest.fixture(scope="session", params=TARGETS)
-def video_bundle(request, tmp_path_factory, video_checkpoint):
-    """One ``--video`` export per target and test run (shared by the pytest-xdist workers)."""
-
-    def build(out) -> None:
-        run_export(  # batch 0: no batched decoder (segment everything is not under test here)
-            request.param,
-            "test-small",
-            "fp32",
-            out,
-            checkpoint=str(video_checkpoint),
-            clicks=4,
-            video=True,
-            options={"batch": 0},
-        )
-
-    out = built_once(tmp_path_factory, f"video-{request.param}", build)
+def video_bundle(request, video_bundle_dir):
+    """One ``--video`` export per target and test run (conftest ``video_bundle_dir``, shared by the workers)."""
+    out = video_bundle_dir(request.param)
     return request.param, out, load_card(out)
 
 

@@ -2,7 +2,9 @@
 
 With ``--model`` (a LiteRT bundle), the encoder runs on the server with the bundle's runtime and the
 decoder runs in the browser with LiteRT.js; without it, the eager model (``--checkpoint``, default
-synthetic weights) encodes and the page decodes on the server, and says so.
+synthetic weights) encodes and the page decodes on the server, and says so. A LiteRT bundle exported with
+``--video`` also offers "Open video": the server decodes the clip and encodes its frames, the page tracks
+(memory attention, video decoder and memory encoder in the browser; ``serve.clips``, ``static/tracker.js``).
 """
 
 from __future__ import annotations

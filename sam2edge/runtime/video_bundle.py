@@ -189,8 +189,9 @@ class BundleVideoBackend:
         return _f32(out.reshape(1, 1, s4, s4))
 
 
-def open_video_bundle(folder: str | Path, *, threads: int | None = None) -> tuple[BundleVideoBackend, dict]:
-    """(backend, card) for a bundle exported with ``--video`` (artifacts checked before loading)."""
+def open_video_bundle(folder: str | Path, *, threads: int | None = None, image=None) -> tuple[BundleVideoBackend, dict]:
+    """(backend, card) for a bundle exported with ``--video`` (artifacts checked before loading); ``image``:
+    this bundle's image backend when the caller already holds one (the frame encoder), else loaded here."""
     from sam2edge.runtime.backends import backend_for
 
     folder = Path(folder)
@@ -200,7 +201,8 @@ def open_video_bundle(folder: str | Path, *, threads: int | None = None) -> tupl
         raise UserError(f"{folder}: tracking runs from {', '.join(RUNNERS)} bundles, not {target!r}")
     if not isinstance(video, dict):
         raise UserError(f"{folder} has no video graphs; re-export it with `sam2edge export ... --video`")
-    image = backend_for(target).from_bundle(folder, threads=threads)  # card + every artifact's SHA-256
+    if image is None:
+        image = backend_for(target).from_bundle(folder, threads=threads)  # card + every artifact's SHA-256
     try:
         cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
         vcfg = get_video_config(card["config"])

@@ -49,7 +49,8 @@ def jpeg_frame_paths(folder: Path) -> list[Path]:
     return paths
 
 
-def _decode_file(path: Path) -> Iterator[np.ndarray]:
+def decode_frames(path: Path) -> Iterator[np.ndarray]:
+    """The frames of a video file, one HxWx3 uint8 RGB array at a time (PyAV), or VideoError."""
     av = _av()
     try:
         with av.open(str(path)) as container:
@@ -77,7 +78,7 @@ def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
                 with Image.open(p) as im:
                     frames.append(np.asarray(im.convert("RGB")))
         elif path.is_file():
-            frames = list(_decode_file(path))
+            frames = list(decode_frames(path))
         else:
             raise VideoError(f"video {path} does not exist; pass a JPEG folder or an .mp4/.webm/.mov file")
     if not frames:

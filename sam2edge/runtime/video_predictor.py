@@ -250,7 +250,7 @@ class Sam2VideoPredictor:
             for temp, store in ((mem.temp_non_cond, mem.non_cond), (mem.temp_cond, mem.cond)):
                 for f, out in temp.items():
                     if out.maskmem is None:
-                        feats = self._features(state, f)
+                        feats = self.frame_features(state, f)
                         out.maskmem = self.backend.encode_memory(feats.vision, out.pred_masks, True, out.score)
                     store[f] = out
                 temp.clear()
@@ -295,7 +295,7 @@ class Sam2VideoPredictor:
             yield f, list(state.obj_ids), self._to_video(state, low)
 
     # ---- one object on one frame ------------------------------------------------------------
-    def _features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
+    def frame_features(self, state: VideoState, frame_idx: int) -> FrameFeatures:
         if frame_idx not in state.cache:
             x = (state.frames[frame_idx].astype(np.float64) / 255.0).astype(np.float32)
             x = ((x - MEAN) / STD).transpose(2, 0, 1)[None]  # (1, 3, S, S)
@@ -305,7 +305,7 @@ class Sam2VideoPredictor:
 
     def _infer(self, state, idx, frame_idx, is_init, points, mask, reverse, run_mem, prev) -> FrameOutput:
         """Upstream ``track_step`` for one object: mask-as-output, or memory + SAM heads; then memory."""
-        feats = self._features(state, frame_idx)
+        feats = self.frame_features(state, frame_idx)
         if mask is not None:
             out = self._mask_as_output(feats, mask)
         else:

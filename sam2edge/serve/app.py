@@ -15,6 +15,8 @@ API (JSON errors ``{"error": ...}`` with a 4xx status):
                                          | single_iou | object_score, float32 little-endian
   POST /api/images/ID/everything[?points_per_side=N]  segment everything (``serve.everything``; offered when
                                          /api/info says ``everything``) -> overlay PNG, header X-Masks
+  POST /api/videos, GET /api/videos/ID/{frame,features}/N   tracking in the page (``serve.clips``; offered when
+                                         /api/info has ``video``: a LiteRT bundle exported with --video)
 Isolation: image ids are ``secrets.token_urlsafe(16)`` and belong to the session that opened them; any
 other session gets 404 for them, as for an id that never existed.
 """
@@ -38,7 +40,15 @@ from sam2edge.extras import NPM_FIX
 from sam2edge.runtime.backends import Backend, Features, has_batched_decoder
 from sam2edge.runtime.preprocess import load_image, preprocess
 from sam2edge.serve import everything
-from sam2edge.serve.assets import STATIC_DIR, BrowserDecoder, litertjs_version, node_modules, vendor_mounts
+from sam2edge.serve.assets import (
+    STATIC_DIR,
+    BrowserDecoder,
+    BrowserTracker,
+    litertjs_version,
+    node_modules,
+    vendor_mounts,
+)
+from sam2edge.serve.clips import Clips
 from sam2edge.serve.uploads import decode_upload, encode_png
 from sam2edge.serve.web import Handler, HttpError, Mounts, WebServer
 from sam2edge.validate import InputError, check_points
@@ -88,7 +98,16 @@ class App:
         self._lock = threading.Lock()  # guards the dicts
         self._model_lock = threading.Lock()  # one encode / decode at a time (2 cores; backends are not re-entrant)
         self.stored = None  # serve.stored.StoredImages when serving a store of embeddings (--embeddings)
+        self.tracker: BrowserTracker | None = None  # the video graphs the page tracks with (enable_tracking)
+        self.clips: Clips | None = None
+        self.tracker_note = "serve a LiteRT bundle exported with --video to track videos in the page"
         self._decode_slots = threading.BoundedSemaphore(self.limits.max_decodes)
+
+    def enable_tracking(self, predictor, tracker: BrowserTracker) -> None:
+        """Offer tracking in the page: ``predictor`` (a ``Sam2VideoPredictor`` of the same bundle) encodes the
+        uploaded clips' frames; the page runs ``tracker``'s graphs."""
+        self.tracker, self.clips = tracker, Clips(predictor, self._model_lock)
+        self.fill_hole_area = predictor.fill_hole_area
 
     # ---- server ---------------------------------------------------------------------------
     def make_server(self, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> WebServer:
@@ -102,6 +121,8 @@ class App:
             ("POST", "/api/images"): self._post_image,
             ("GET", "/api/images/*"): self._get_image_part,
             ("POST", "/api/images/*"): self._post_decode,
+            ("POST", "/api/videos"): self._post_video,
+            ("GET", "/api/videos/*"): self._get_video_part,
             ("GET", "/model/*"): self._get_model_file,
         }
         return WebServer(host, port, Mounts(mounts), routes, verbose)
@@ -129,6 +150,19 @@ class App:
             "everything": has_batched_decoder(self.backend),  # the "segment everything" button
             "samples": list(PHOTOS),
             "stored": self.stored.names() if self.stored else [],
+            "video": self._video_info(),
+            "video_note": self.tracker_note,
+        }
+
+    def _video_info(self) -> dict | None:
+        if self.tracker is None or self.clips is None or self.nm is None:
+            return None
+        return {
+            **self.tracker.describe("/model/"),
+            "fill_hole_area": self.fill_hole_area,
+            "stability": {"delta": self.backend.cfg.stability_delta, "thresh": self.backend.cfg.stability_thresh},
+            "max_frames": self.clips.limits.max_frames,
+            "features": self.clips.shapes(),
         }
 
     # ---- sessions and photos --------------------------------------------------------------
@@ -253,11 +287,37 @@ class App:
             raise HttpError(400, str(e).splitlines()[0][:200]) from None
         h.send_body(200, png, "image/png", {"X-Masks": str(count)})
 
+    def _post_video(self, h: Handler, path: str, query: dict) -> None:
+        session = self._session(h)
+        if self.clips is None:
+            raise HttpError(404, f"tracking is not offered here; {self.tracker_note}")
+        if not self._decode_slots.acquire(timeout=BUSY_WAIT_S):
+            raise HttpError(503, "the server is busy decoding other uploads; try again in a moment")
+        try:
+            clip_id, clip = self.clips.add(session, h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
+        finally:
+            self._decode_slots.release()
+        st = clip.state
+        info = {"width": st.video_width, "height": st.video_height, "num_frames": st.num_frames, "fps": clip.fps}
+        h.send_json({"id": clip_id, **info})
+
+    def _get_video_part(self, h: Handler, path: str, query: dict) -> None:
+        parts = path[len("/api/videos/") :].split("/")
+        if self.clips is None or len(parts) != 3 or parts[1] not in ("frame", "features"):
+            raise HttpError(404, f"no such page: {path[:80]}; use /api/videos/ID/frame/N or .../features/N")
+        clip = self.clips.get(self._session(h), parts[0])
+        index = self.clips.frame_index(clip, parts[2])
+        if parts[1] == "frame":
+            h.send_body(200, clip.jpegs[index], "image/jpeg")
+        else:
+            h.send_body(200, self.clips.features(clip, index), "application/octet-stream")
+
     def _get_model_file(self, h: Handler, path: str, query: dict) -> None:
         name = path[len("/model/") :]
-        if self.decoder is None or name not in self.decoder.files:
+        owner = next((a for a in (self.decoder, self.tracker) if a is not None and name in a.files), None)
+        if owner is None:
             raise HttpError(404, f"no such model file {name[:60]!r}")
-        h.send_file(self.decoder.folder / name)
+        h.send_file(owner.folder / name)
 
 
 def parse_prompt(body: bytes, image_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -297,6 +357,22 @@ def default_app_from_args(model: str | None, checkpoint: str | None, config: str
     if model:
         pred = Sam2Predictor.from_export(Path(model))
         decoder, note = browser_decoder(Path(model))
-        return App(pred.backend, decoder, note, provenance=pred.provenance)
+        app = App(pred.backend, decoder, note, provenance=pred.provenance)
+        enable_bundle_tracking(app, Path(model))
+        return app
     pred = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config] if config else None)  # None: size from weights
     return App(pred.backend, None, "no LiteRT bundle given (serve --model DIR)", provenance=pred.provenance)
+
+
+def enable_bundle_tracking(app: App, bundle: Path) -> None:
+    """Offer tracking in the page when ``bundle`` has LiteRT video graphs (its image backend encodes frames)."""
+    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.serve.assets import browser_tracker
+
+    tracker, note = browser_tracker(bundle)
+    if tracker is None:
+        app.tracker_note = note
+        return
+    backend, card = open_video_bundle(bundle, image=app.backend)
+    app.enable_tracking(Sam2VideoPredictor(backend, card.get("source", {})), tracker)

@@ -72,17 +72,20 @@ def browser_decoder(bundle: Path) -> tuple[BrowserDecoder | None, str]:
         if not hits:
             return None, f"the bundle {bundle.name} lacks the prompt table {name}.bin"
         tables[name] = hits[0]
-    inputs, outputs = _io_order(card.get("extra") or {}, decoders[0])
+    inputs, outputs = _io_order(card.get("extra") or {}, decoders[0], DECODER_INPUTS, DECODER_OUTPUTS)
     if sorted(inputs) != sorted(DECODER_INPUTS) or sorted(outputs) != sorted(DECODER_OUTPUTS):
         return None, f"the decoder I/O in {bundle.name}/card.json is not the TokenDecoderGraph contract"
     return BrowserDecoder(bundle, decoders[0], tables, inputs, outputs), ""
 
 
-def _io_order(extra: dict, decoder: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Decoder I/O names in the model's tensor order (LiteRT.js lists inputs so; ai-edge-litert's signature
+def _io_order(
+    extra: dict, graph: str, inputs: tuple[str, ...], outputs: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A graph's I/O names in the model's tensor order (LiteRT.js lists inputs so; ai-edge-litert's signature
     runner sorts them by name): card ``extra.io[file]`` entries sorted by their "position" (the LiteRT
-    exporter writes them), else ``extra.decoder``, else the TokenDecoderGraph argument order."""
-    io = (extra.get("io") or {}).get(decoder) or extra.get("decoder") or {}
+    exporter writes them), else ``extra.decoder``, else ``inputs`` / ``outputs`` (the argument order)."""
+    legacy = extra.get("decoder") if inputs == DECODER_INPUTS else None  # bundles older than extra.io
+    io = (extra.get("io") or {}).get(graph) or legacy or {}
 
     def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
         items = list(io.get(key) or default)
@@ -90,7 +93,55 @@ def _io_order(extra: dict, decoder: str) -> tuple[tuple[str, ...], tuple[str, ..
             items = sorted(items, key=lambda i: i["position"])  # tensor order, as LiteRT.js lists them
         return tuple(ALIASES.get(n, n) for n in (i["name"] if isinstance(i, dict) else i for i in items))
 
-    return names("inputs", DECODER_INPUTS), names("outputs", DECODER_OUTPUTS)
+    return names("inputs", inputs), names("outputs", outputs)
+
+
+@dataclass
+class BrowserTracker:
+    """The video graphs and tables the page tracks with (a LiteRT bundle exported with ``--video``)."""
+
+    folder: Path
+    graphs: dict[str, dict]  # role -> {"file", "inputs", "outputs"} (I/O names in tensor order)
+    tables: dict[str, str]  # "const" -> video_const.bin, "rope" -> rope_tables.bin
+    video: dict  # card.json extra.video (config, num_tokens, slot layout)
+    files: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.files = {g["file"] for g in self.graphs.values()} | set(self.tables.values())
+
+    def describe(self, url_prefix: str) -> dict:
+        return {
+            "graphs": {r: {**g, "url": url_prefix + g["file"]} for r, g in self.graphs.items()},
+            "tables": {k: url_prefix + v for k, v in self.tables.items()},
+            "config": self.video.get("config", {}),
+            "num_tokens": self.video.get("num_tokens"),
+        }
+
+
+def browser_tracker(bundle: Path) -> tuple[BrowserTracker | None, str]:
+    """(tracking assets, "") for a LiteRT bundle with video graphs, else (None, reason in one line)."""
+    from sam2edge.runtime.video_bundle import CONST_FILE, ROPE_FILE, VIDEO_GRAPHS
+
+    bundle = Path(bundle)
+    try:
+        card = json.loads((bundle / "card.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        card = {}
+    extra = card.get("extra") or {}
+    if card.get("target") != "litert" or not isinstance(extra.get("video"), dict):
+        return None, f"the bundle {bundle.name} has no LiteRT video graphs (export it with --target litert --video)"
+    graphs = {}
+    for role, (stem, ins, outs) in VIDEO_GRAPHS.items():
+        file = stem + ".tflite"
+        inputs, outputs = _io_order(extra, file, ins, outs)
+        if not (bundle / file).is_file() or sorted(inputs) != sorted(ins) or sorted(outputs) != sorted(outs):
+            return None, f"the bundle {bundle.name} lacks {file} with its card I/O; re-export it with --video"
+        graphs[role] = {"file": file, "inputs": list(inputs), "outputs": list(outputs)}
+    tables = {"const": CONST_FILE, "rope": ROPE_FILE}
+    missing = [f for f in tables.values() if not (bundle / f).is_file()]
+    if missing:
+        return None, f"the bundle {bundle.name} lacks {missing[0]}; re-export it with --video"
+    return BrowserTracker(bundle, graphs, tables, extra["video"]), ""
 
 
 def node_modules() -> Path | None:

@@ -3,6 +3,7 @@
 // ?decoder=server (force the server decode).
 import * as lrt from './litert.js';
 import { setUpEverything } from './everything.js';
+import { setUpTracking } from './track.js';
 import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
 
 const $ = (id) => document.getElementById(id);
@@ -395,6 +396,7 @@ async function main() {
   setStatus('setting up the decoder…');
   await setUpDecoder();
   setUpEverything(state, api, setStatus);
+  setUpTracking(state, api, setStatus);
   setStatus('ready: open or drop a photo, or pick a sample');
   document.body.dataset.ready = '1';
 }
