@@ -103,7 +103,7 @@ def _stage_args():
 def test_export_rewrites_agree_with_upstream_ops(sd):
     args = _stage_args()
     ref = _Stages(_model(sd, UPSTREAM))(*args)
-    for rw in (Rewrites(), Rewrites(attention_rank=3)):
+    for rw in (Rewrites(), Rewrites(attention_rank=3), Rewrites(rope_keys="rows")):
         got = _Stages(_model(sd, rw))(*args)
         for name, a, b in zip(("pix", "masks", "iou", "score", "ptrs", "memory", "mask", "nomem"), got, ref):
             assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (rw, name)

@@ -35,6 +35,10 @@ class Rewrites:
     # image tensor is projected; "projected": upstream's order. Fewer multiply-adds while heads x tokens < inner
     # width (every SAM 2.1 size: 8 heads, inner 128): a click (8 tokens) 3.56 -> 2.22 GFLOP, 14 tokens -9 %
     token_fold: str = "projected"
+    # memory attention keys: "transposed" rotates and attends them as (C, Nk), so a real TRANSPOSE feeds the
+    # score matmul (LiteRT lowers q @ k^T as a FULLY_CONNECTED with k as dynamic weights, which XNNPACK does not
+    # take: 1.5 s against 0.18 s for 4096 queries x 28736 keys); "rows": upstream's (Nk, C)
+    rope_keys: str = "transposed"
 
     def __post_init__(self) -> None:
         checks = {
@@ -45,6 +49,7 @@ class Rewrites:
             "mask_head": (self.mask_head, ("channel_sum", "matmul")),
             "memory_values": (self.memory_values, ("folded", "projected")),
             "token_fold": (self.token_fold, ("folded", "projected")),
+            "rope_keys": (self.rope_keys, ("transposed", "rows")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
@@ -62,6 +67,7 @@ UPSTREAM = Rewrites(
     texture_limit=0,
     memory_values="projected",
     token_fold="projected",
+    rope_keys="rows",
 )
 
 
@@ -111,32 +117,33 @@ def attention(
     num_heads: int,
     rw: Rewrites,
     key_bias: torch.Tensor | None = None,
+    keys_transposed: bool = False,
 ) -> torch.Tensor:
     """Multi-head attention on already-projected tensors.
 
-    q: (B, Nq, C), k: (B, Nk, C), v: (B, Nk, Cv) with C, Cv divisible by num_heads.
-    key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
+    q: (B, Nq, C), k: (B, Nk, C) or, with ``keys_transposed``, (B, C, Nk); v: (B, Nk, Cv); C, Cv divisible by
+    num_heads. key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
     Returns (B, Nq, Cv). No tensor above rank 4 is created. With ``rw.texture_limit`` the batch
     is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
     """
-    B, Nk = q.shape[0], k.shape[1]
+    B, Nk = q.shape[0], k.shape[2 if keys_transposed else 1]
     d, dv = q.shape[2] // num_heads, v.shape[2] // num_heads
     group = head_chunk(num_heads, d, Nk, rw.texture_limit)
     if group < num_heads:  # one item's heads overflow a texture: head groups, each exact on its own
-        outs = [
-            attention(
-                q[..., h * d : (h + n) * d], k[..., h * d : (h + n) * d], v[..., h * dv : (h + n) * dv], n, rw, key_bias
-            )
-            for h, n in ((h, min(group, num_heads - h)) for h in range(0, num_heads, group))
-        ]
+        outs = []
+        for h in range(0, num_heads, group):
+            n = min(group, num_heads - h)
+            kh = k[:, h * d : (h + n) * d] if keys_transposed else k[..., h * d : (h + n) * d]
+            vh = v[..., h * dv : (h + n) * dv]
+            outs.append(attention(q[..., h * d : (h + n) * d], kh, vh, n, rw, key_bias, keys_transposed))
         return torch.cat(outs, -1)  # (B, Nq, Cv), heads in order
     step = attention_chunk(B, num_heads, d, Nk, rw.texture_limit)
     if step >= B:
-        return _attention(q, k, v, num_heads, rw, key_bias)
+        return _attention(q, k, v, num_heads, rw, key_bias, keys_transposed)
     outs = []
     for i in range(0, B, step):
         kb = None if key_bias is None else key_bias[i : i + step]
-        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb))
+        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb, keys_transposed))
     return torch.cat(outs, 0)  # (B, Nq, Cv)
 
 
@@ -147,17 +154,21 @@ def _attention(
     num_heads: int,
     rw: Rewrites,
     key_bias: torch.Tensor | None,
+    keys_transposed: bool = False,
 ) -> torch.Tensor:
-    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C), (B, Nk, Cv) -> (B, Nq, Cv)."""
+    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C) or (B, C, Nk), (B, Nk, Cv) -> (B, Nq, Cv)."""
     B, Nq, C = q.shape
-    Nk, Cv = k.shape[1], v.shape[2]
+    Nk, Cv = v.shape[1], v.shape[2]
     d, dv = C // num_heads, Cv // num_heads
     q = q.reshape(B, Nq, num_heads, d).transpose(1, 2)  # (B, nh, Nq, d)
-    k = k.reshape(B, Nk, num_heads, d).transpose(1, 2)  # (B, nh, Nk, d)
+    if keys_transposed:
+        kt = k.reshape(B, num_heads, d, Nk)  # (B, nh, d, Nk): channels are head-major
+    else:
+        kt = k.reshape(B, Nk, num_heads, d).transpose(1, 2).transpose(-2, -1)  # (B, nh, d, Nk)
     v = v.reshape(B, Nk, num_heads, dv).transpose(1, 2)  # (B, nh, Nk, dv)
     if rw.attention_rank == 3:
         q = q.reshape(B * num_heads, Nq, d)  # (B*nh, Nq, d)
-        k = k.reshape(B * num_heads, Nk, d)  # (B*nh, Nk, d)
+        kt = kt.reshape(B * num_heads, d, Nk)  # (B*nh, d, Nk)
         v = v.reshape(B * num_heads, Nk, dv)  # (B*nh, Nk, dv)
     bias = None
     if key_bias is not None:
@@ -165,9 +176,9 @@ def _attention(
         if rw.attention_rank == 3:
             bias = bias.expand(B, num_heads, 1, Nk).reshape(B * num_heads, 1, Nk)  # (B*nh, 1, Nk)
     if rw.attention_impl == "sdpa":
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out = F.scaled_dot_product_attention(q, kt.transpose(-2, -1), v, attn_mask=bias)
     else:
-        scores = (q * (1.0 / math.sqrt(d))) @ k.transpose(-2, -1)  # (.., Nq, Nk)
+        scores = (q * (1.0 / math.sqrt(d))) @ kt  # (.., Nq, Nk)
         if bias is not None:
             scores = scores + bias
         out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)

@@ -43,6 +43,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + swapped * sin
 
 
+def apply_rope_t(xt: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` in the transposed layout: xt (B, C, S, N) channel-major, tables (C, 1, N) -> (B, C, S, N)."""
+    B, C, S, N = xt.shape
+    pairs = xt.reshape(B, C // 2, 2, S * N)  # (B, C/2, 2, S*N): a pair's two channels on axis 2
+    swapped = torch.cat([-pairs[:, :, 1:2], pairs[:, :, 0:1]], dim=2).reshape(B, C, S, N)  # (-x1, x0) per pair
+    return xt * cos_t + swapped * sin_t
+
+
 class RoPEAttention(nn.Module):
     """Projected attention with RoPE on queries and the first ``rope_keys`` key tokens (upstream names)."""
 
@@ -71,14 +79,29 @@ class RoPEAttention(nn.Module):
         q, k = self.q_proj(q), self.k_proj(k)
         v = v if self.fold_values else self.v_proj(v)  # (B, Nk, kv_dim) or (B, Nk, C)
         q = apply_rope(q, cos, sin)
-        B, N, C = q.shape
-        spatial = rope_slots * N
-        k_rope = k[:, :spatial].reshape(B * rope_slots, N, C)  # (B*S, HW, C)
-        k_rope = apply_rope(k_rope, cos, sin).reshape(B, spatial, C)  # (B, S*HW, C)
-        k = torch.cat([k_rope, k[:, spatial:]], dim=1) if k.shape[1] > spatial else k_rope
-        out = attention(q, k, v, self.num_heads, self.rw, key_bias)  # (B, N, kv_dim) folded, else (B, N, C)
+        t = self.rw.rope_keys == "transposed"  # k as (B, C, Nk): a real TRANSPOSE feeds the score matmul
+        k = self._rope_keys_t(k, cos, sin, rope_slots) if t else self._rope_keys(k, cos, sin, rope_slots)
+        out = attention(q, k, v, self.num_heads, self.rw, key_bias, t)  # (B, N, kv_dim) folded, else (B, N, C)
         # folded: softmax rows sum to 1, so attn @ (v W^T + b) = (attn @ v) W^T + b
         return self.out_proj(self.v_proj(out) if self.fold_values else out)
+
+    @staticmethod
+    def _rope_keys(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: int) -> torch.Tensor:
+        """k (B, S*HW + R, C) -> the same with each of the S blocks of HW keys rotated (upstream's layout)."""
+        B, spatial, C = k.shape[0], slots * cos.shape[0], k.shape[2]
+        k_rope = k[:, :spatial].reshape(B * slots, cos.shape[0], C)  # (B*S, HW, C)
+        k_rope = apply_rope(k_rope, cos, sin).reshape(B, spatial, C)  # (B, S*HW, C)
+        return torch.cat([k_rope, k[:, spatial:]], dim=1) if k.shape[1] > spatial else k_rope
+
+    @staticmethod
+    def _rope_keys_t(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: int) -> torch.Tensor:
+        """k (B, S*HW + R, C) -> kt (B, C, S*HW + R): the keys of ``_rope_keys``, transposed before the rotation."""
+        B, Nk, C = k.shape
+        n = cos.shape[0]
+        kt = k.transpose(1, 2)  # (B, C, Nk)
+        rot = kt[:, :, : slots * n].reshape(B, C, slots, n)  # (B, C, S, HW)
+        rot = apply_rope_t(rot, cos.transpose(0, 1)[:, None], sin.transpose(0, 1)[:, None]).reshape(B, C, slots * n)
+        return torch.cat([rot, kt[:, :, slots * n :]], dim=2) if Nk > slots * n else rot  # (B, C, Nk)
 
 
 class MemoryAttentionLayer(nn.Module):
