@@ -24,6 +24,7 @@ from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
 from sam2edge.serve.assets import browser_decoder, litertjs_version
 from sam2edge.serve.sweep import SweepConfig, sweep_bundle
+from tests.pages import open_ready_page
 
 PHOTO = "chelsea.png"
 TIMEOUT_MS = 120_000
@@ -53,12 +54,8 @@ def server(bundle, predictor):
 
 
 def open_page(browser, server, query: str):
-    page = browser.new_page(viewport={"width": 1100, "height": 900})
-    logs: list[str] = []
-    page.on("console", lambda m: logs.append(m.text))
-    page.on("pageerror", lambda e: logs.append(f"pageerror: {e}"))
-    page.goto(f"http://127.0.0.1:{server.server_address[1]}/{query}")
-    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=TIMEOUT_MS)
+    url = f"http://127.0.0.1:{server.server_address[1]}/{query}"
+    page, logs = open_ready_page(browser, url, {"width": 1100, "height": 900}, TIMEOUT_MS)
     page.set_input_files("#file", str(photo_path(PHOTO)))
     page.wait_for_function("window.sam2edge.image !== null && !window.sam2edge.busy", timeout=TIMEOUT_MS)
     return page, logs

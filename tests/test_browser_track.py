@@ -30,6 +30,7 @@ from sam2edge.runtime.video_io import close_writer, open_writer, write_frame
 from sam2edge.runtime.video_predictor import Sam2VideoPredictor, fill_holes, stable_single_mask
 from sam2edge.serve.app import default_app_from_args
 from sam2edge.serve.assets import STATIC_DIR
+from tests.pages import open_ready_page
 from tests.video_oracles import drifting_clip
 
 TIMEOUT_MS = 180_000
@@ -66,12 +67,8 @@ def server(bundle):
 
 
 def _open_clip(browser, server, clip: Path, accel: str):
-    page = browser.new_page(viewport={"width": 900, "height": 800})
-    logs: list[str] = []
-    page.on("console", lambda m: logs.append(m.text))
-    page.on("pageerror", lambda e: logs.append(f"pageerror: {e}"))
-    page.goto(f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}")
-    page.wait_for_selector("body[data-ready='1']", state="attached", timeout=TIMEOUT_MS)
+    url = f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}"
+    page, logs = open_ready_page(browser, url, {"width": 900, "height": 800}, TIMEOUT_MS)
     assert page.is_visible("#open-video")
     page.set_input_files("#video-file", str(clip))
     page.wait_for_function("window.sam2edge.video.tracker && !window.sam2edge.video.busy", timeout=TIMEOUT_MS)

@@ -51,13 +51,18 @@ class BrowserDecoder:
         }
 
 
+def _read_card(bundle: Path) -> dict:
+    """card.json of ``bundle``, or {} when it is missing or unreadable (the callers then name what is missing)."""
+    try:
+        return json.loads((bundle / "card.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def browser_decoder(bundle: Path) -> tuple[BrowserDecoder | None, str]:
     """(decoder assets, "") for a bundle the browser can run, else (None, reason in one line)."""
     bundle = Path(bundle)
-    try:
-        card = json.loads((bundle / "card.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        card = {}
+    card = _read_card(bundle)
     arts = {a.get("file"): a.get("role", "") for a in card.get("artifacts", []) if isinstance(a, dict)}
     decoders = [f for f, r in arts.items() if r == "decoder" and str(f).endswith(".tflite")]
     if not decoders and (bundle / "decoder.tflite").is_file():
@@ -123,10 +128,7 @@ def browser_tracker(bundle: Path) -> tuple[BrowserTracker | None, str]:
     from sam2edge.runtime.video_bundle import CONST_FILE, ROPE_FILE, VIDEO_GRAPHS
 
     bundle = Path(bundle)
-    try:
-        card = json.loads((bundle / "card.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        card = {}
+    card = _read_card(bundle)
     extra = card.get("extra") or {}
     if card.get("target") != "litert" or not isinstance(extra.get("video"), dict):
         return None, f"the bundle {bundle.name} has no LiteRT video graphs (export it with --target litert --video)"
