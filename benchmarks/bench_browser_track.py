@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=int, default=3600)
     ap.add_argument("--json", type=Path, help="write the per-frame numbers here")
     args = ap.parse_args()
+    if args.json is not None and args.json.exists():
+        raise SystemExit(f"{args.json} already exists; pass a new file to --json")
     with tempfile.TemporaryDirectory() as tmp:
         clip = Path(tmp) / "clip.webm"
         write_clip(clip, args.frames)

@@ -107,7 +107,6 @@ class App:
         """Offer tracking in the page: ``predictor`` (a ``Sam2VideoPredictor`` of the same bundle) encodes the
         uploaded clips' frames; the page runs ``tracker``'s graphs."""
         self.tracker, self.clips = tracker, Clips(predictor, self._model_lock)
-        self.fill_hole_area = predictor.fill_hole_area
 
     # ---- server ---------------------------------------------------------------------------
     def make_server(self, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> WebServer:
@@ -159,7 +158,7 @@ class App:
             return None
         return {
             **self.tracker.describe("/model/"),
-            "fill_hole_area": self.fill_hole_area,
+            "fill_hole_area": self.clips.predictor.fill_hole_area,
             "stability": {"delta": self.backend.cfg.stability_delta, "thresh": self.backend.cfg.stability_thresh},
             "max_frames": self.clips.limits.max_frames,
             "features": self.clips.shapes(),
