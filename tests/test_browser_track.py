@@ -60,6 +60,7 @@ def server(bundle):
     app = default_app_from_args(str(bundle), None, None)
     assert app.clips is not None, app.tracker_note
     srv = app.make_server("127.0.0.1", 0)
+    srv.sam2edge_app = app  # the tests look at what the server loaded
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
@@ -177,6 +178,8 @@ def test_tracking_in_the_page_equals_python(browser, server, bundle, clip, accel
     finally:
         page.close()
     assert [c["op"] for c in calls] == ["add", "add", "propagate", "propagate", "add", "propagate", "propagate"]
+    # the server only encodes frames: it never loads the video graphs the page runs
+    assert server.sam2edge_app.clips.predictor.backend.run.loaded() == ()
     want, want_lows = _replay(bundle, clip, calls)
     scale = np.abs(want_lows).max()
     print(f"{accel}: low-res logits max |page - python| {np.abs(lows - want_lows).max():.3g} (scale {scale:.3g})")

@@ -56,7 +56,9 @@ def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
     eager = Sam2VideoPredictor.from_checkpoint(str(video_checkpoint), TEST_SMALL, VIDEO_TEST_SMALL)
     bundle = Sam2VideoPredictor.from_export(folder)
     assert bundle.backend.name == f"{target}-bundle"
+    assert bundle.backend.run.loaded() == ()  # each graph's runtime session is made on its first call
     want, got = _track(eager, clip), _track(bundle, clip)
+    assert sorted(bundle.backend.run.loaded()) == sorted(VIDEO_GRAPHS)
     assert want.keys() == got.keys() and len(want) == 15
     fg = [float((m > 0).mean()) for m in want.values()]
     assert 0.0 < min(fg) and max(fg) < 1.0, fg
@@ -103,6 +105,30 @@ def test_litert_video_graphs_gpu_clean(video_bundle):
         g = gpu[f]
         assert g["verdict"] == "resident" and g["kind"] == "video" and g["ops_gpu"] == g["ops_total"], (f, g)
         assert all(o["cosine"] >= 0.9999 for o in g["outputs"].values()), (f, g["outputs"])
+
+
+@pytest.mark.parametrize("video_bundle", ["litert"], indirect=True)
+def test_litert_graphs_take_constant_weights(video_bundle, tmp_path):
+    """No FULLY_CONNECTED of a LiteRT ``--video`` bundle has weights computed in the graph (the slow form XNNPACK
+    does not take, ``dynamic_weight_products``); the check finds the form in a graph that has it."""
+    import litert_torch
+    import torch
+
+    from sam2edge.checks.tflite.slice import dynamic_weight_products, load_model
+
+    _, folder, _ = video_bundle
+    files = sorted(folder.glob("*.tflite"))
+    assert {video_file("litert", r) for r in VIDEO_GRAPHS} <= {f.name for f in files}
+    assert {f.name: dynamic_weight_products(load_model(f)) for f in files} == {f.name: [] for f in files}
+
+    class Scores(torch.nn.Module):  # upstream's key layout: q @ k^T with the keys as rows
+        def forward(self, q, k):
+            return torch.softmax(q @ k.transpose(1, 2), -1)
+
+    path = tmp_path / "scores.tflite"
+    sample = {"q": torch.randn(1, 16, 8), "k": torch.randn(1, 40, 8)}
+    litert_torch.convert(Scores().eval(), sample_kwargs=sample).export(str(path))
+    assert len(dynamic_weight_products(load_model(path))) == 1
 
 
 @pytest.mark.parametrize("video_bundle", ["executorch"], indirect=True)

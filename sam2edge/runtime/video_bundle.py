@@ -26,7 +26,7 @@ selection and object bookkeeping stay in ``video_predictor`` / ``memory_bank``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +129,33 @@ RUNNERS: dict[str, Callable[[Path, str, int | None], Runner]] = {
 }
 
 
+class GraphRunners(Mapping[str, Runner]):
+    """role -> Runner for one bundle's three video graphs, each loaded on first use: a caller that runs only
+    some of them (``serve``: the page runs the graphs, the server only the frame encoder) loads no others.
+    The files' SHA-256 are checked when the bundle is opened; a graph its runtime refuses is reported at its
+    first call."""
+
+    def __init__(self, target: str, folder: Path, threads: int | None) -> None:
+        self.target, self.folder, self.threads = target, Path(folder), threads
+        self._loaded: dict[str, Runner] = {}
+
+    def __getitem__(self, role: str) -> Runner:
+        if role not in self._loaded:
+            path = self.folder / video_file(self.target, role)  # KeyError for a role that is not a video graph
+            self._loaded[role] = RUNNERS[self.target](path, role, self.threads)
+        return self._loaded[role]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(VIDEO_GRAPHS)
+
+    def __len__(self) -> int:
+        return len(VIDEO_GRAPHS)
+
+    def loaded(self) -> tuple[str, ...]:
+        """The roles whose runtime session exists, in load order."""
+        return tuple(self._loaded)
+
+
 def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -140,7 +167,7 @@ class BundleVideoBackend:
         self.image, self.cfg, self.vcfg, self.name = image, cfg, vcfg, f"{target}-bundle"
         self.num_tokens = int(kw.get("num_tokens") or DEFAULT_VIDEO_TOKENS)
         threads = kw.get("threads")
-        self.run = {r: RUNNERS[target](Path(folder) / video_file(target, r), r, threads) for r in VIDEO_GRAPHS}
+        self.run = GraphRunners(target, folder, threads)
         self.tables = read_tables(folder, cfg.d_model)
         self.const = read_const(folder, cfg.d_model)
         self.no_obj_ptr = self.const["no_obj_ptr"].reshape(1, -1)
