@@ -196,3 +196,23 @@ def test_memory_attention_fits_gpu_textures_at_full_size():
     assert texture_rows(v.attn_heads, d, keys) <= limit  # cross-attention: q k^T and softmax(.) v
     assert texture_rows(v.attn_heads, d, e * e) <= limit  # self-attention
     assert texture_rows(v.attn_heads, d, keys + e * e) > limit  # an 8th slot would need a key split
+
+
+def test_fp16_video_graphs_export_and_unlift():
+    """Each fp16-wrapped video graph goes through ``torch.export`` and back to a module (ExecuTorch's lowering
+    starts there). A wrapper whose submodule was named ``graph`` broke it: GraphModule has its own ``graph``."""
+    import torch
+
+    from sam2edge.export import video as vid
+    from sam2edge.model.sam2_video import build_sam2_video
+
+    model = build_sam2_video(TEST_SMALL, VIDEO_TEST_SMALL)
+    samples = vid.samples(TEST_SMALL, VIDEO_TEST_SMALL, 8)
+    for role, graph in vid.MODULES.items():
+        half = vid.HalfGraph(graph(model)).eval()
+        args = tuple(samples[role].values())
+        with torch.no_grad():
+            module = torch.export.export(half, args, strict=False).module()
+            got, want = module(*args), half(*args)
+        assert all(g.dtype == torch.float32 for g in got), role
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), role

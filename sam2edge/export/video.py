@@ -92,14 +92,16 @@ MODULES: dict[str, type[nn.Module]] = {
 
 
 class HalfGraph(nn.Module):
-    """A graph with fp16 weights and activations; float inputs and outputs stay fp32."""
+    """A graph with fp16 weights and activations; float inputs and outputs stay fp32. (The submodule is not
+    called ``graph``: torch.export's unlifted ``GraphModule`` has its own ``graph`` attribute, and the lifted
+    weights' paths under it then break ``ExportedProgram.module()``, which ExecuTorch's lowering calls.)"""
 
     def __init__(self, graph: nn.Module) -> None:
         super().__init__()
-        self.graph = copy.deepcopy(graph).half()
+        self.inner = copy.deepcopy(graph).half()
 
     def forward(self, *args):
-        out = self.graph(*(a.half() if a.is_floating_point() else a for a in args))
+        out = self.inner(*(a.half() if a.is_floating_point() else a for a in args))
         out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
         return tuple(o.float() for o in out)
 
