@@ -138,14 +138,20 @@ def _constants(model) -> set[int]:
     return {i for i, t in enumerate(sg.tensors) if t.buffer and model.buffers[t.buffer].data is not None}
 
 
-def constant_ops(model) -> set[int]:
-    """Indices of operators that read only constants (directly or through other such operators)."""
+def _folded(model) -> tuple[set[int], set[int]]:
+    """(operators that read only constants, directly or through other such operators; the tensors known
+    before the graph runs: constants and those operators' outputs)."""
     known, folded = _constants(model), set()
     for i, op in enumerate(model.subgraphs[0].operators):
         if all(t < 0 or int(t) in known for t in op.inputs):
             folded.add(i)
             known |= {int(t) for t in op.outputs}
-    return folded
+    return folded, known
+
+
+def constant_ops(model) -> set[int]:
+    """Indices of operators that read only constants (directly or through other such operators)."""
+    return _folded(model)[0]
 
 
 def dynamic_weight_products(model) -> list[int]:
@@ -154,14 +160,14 @@ def dynamic_weight_products(model) -> list[int]:
     litert-torch lowers ``q @ k^T`` with a transposed right operand as a FULLY_CONNECTED with ``k`` as its
     weights. XNNPACK takes only constant weights, so the builtin kernel runs such a node several times slower
     than a BATCH_MATMUL (full-size memory attention: 1.4 s against 0.18 s per score product, session 19)."""
-    schema, sg = _schema(), model.subgraphs[0]
-    known = _constants(model) | {int(t) for i in constant_ops(model) for t in sg.operators[i].outputs}
+    schema, known = _schema(), _folded(model)[1]
     fc = {
         i
         for i, c in enumerate(model.operatorCodes)
         if schema.BuiltinOperator.FULLY_CONNECTED in (c.builtinCode, c.deprecatedBuiltinCode)
     }
-    return [i for i, op in enumerate(sg.operators) if op.opcodeIndex in fc and int(op.inputs[1]) not in known]
+    ops = model.subgraphs[0].operators
+    return [i for i, op in enumerate(ops) if op.opcodeIndex in fc and int(op.inputs[1]) not in known]
 
 
 def _tensor_map(schema, name: str, index: int):
