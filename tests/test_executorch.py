@@ -123,6 +123,31 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
         assert passed and e2e["iou_worst"] >= 0.99, e2e
 
 
+def test_xnnpack_stores_convolutions_fp32_in_fp16_programs():
+    """The size limit's storage rule (``CONV_STORED_BYTES``): an fp16 program of a 3x3 convolution and a
+    Linear is as large as the conv's tensors at fp32 plus the Linear's at fp16, and larger than all at fp16.
+    If ExecuTorch starts storing fp16 convolutions as fp16, this fails and the limit must tighten."""
+    from sam2edge.export.executorch import CONV_STORED_BYTES, GRAPH_BYTES_PER_OP, lower_program, program_tensor_bytes
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(64, 64, 3, padding=1)  # 36,928 tensors' elements
+            self.fc = torch.nn.Linear(64, 256)  # 16,640
+
+        def forward(self, x):
+            return self.fc(self.conv(x).permute(0, 2, 3, 1))  # (1, H, W, 256)
+
+    module, args = ConvLinear().half().eval(), (torch.randn(1, 64, 8, 8).half(),)
+    prog, counts = lower_program(module, args, "fp16", "memory-encoder")
+    stored = program_tensor_bytes(module, args)
+    conv_elems, fc_elems = 64 * 64 * 9 + 64, 256 * 64 + 256
+    assert CONV_STORED_BYTES == 4 and stored == 4 * conv_elems + 2 * fc_elems
+    graph = GRAPH_BYTES_PER_OP * counts.total_ops
+    assert stored <= len(prog.buffer) <= SIZE_RATIO_MAX * stored + graph
+    assert len(prog.buffer) > SIZE_RATIO_MAX * 2 * (conv_elems + fc_elems) + graph
+
+
 def test_bad_inputs_one_line_errors(fp32, tmp_path):
     out, _ = fp32
     backend = ExecuTorchBackend.from_bundle(out)

@@ -103,30 +103,50 @@ def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
     """Bytes of the parameters each program holds, at ``precision``.
 
     int8: encoder Linear weights 1 byte each + one fp32 scale per output channel; everything else fp32.
-    fp16: encoder parameters 2 bytes each, decoder parameters 4 (the decoder program is fp32).
+    fp16: encoder parameters 2 bytes each, decoder parameters 4 (the decoder program is fp32), except
+    convolution weights and biases: ``CONV_STORED_BYTES``.
     """
     linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    conv = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) for k in ("weight", "bias")}
     out = {"encoder": 0, "decoder": 0}
     for name, p in model.named_parameters():
         part = "decoder" if name.startswith(DECODER_PARTS) and not name.startswith(ENCODER_ONLY) else "encoder"
         if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS):
             size = p.numel() + 4 * p.shape[0]
-        else:  # fp16: the encoder's parameters only (decoder.pte is fp32)
-            size = p.numel() * (2 if precision == "fp16" and part == "encoder" else 4)
+        else:  # fp16: the encoder's parameters only (decoder.pte is fp32), convolutions' kept fp32
+            half = precision == "fp16" and part == "encoder" and name not in conv
+            size = p.numel() * (2 if half else CONV_STORED_BYTES if name in conv else 4)
         out[part] += size
     return out
 
 
+# ExecuTorch's XNNPACK backend serializes every convolution's weight and bias as fp32, in fp16 programs too
+# (backends/xnnpack/operators/op_conv2d.py: define_tensor(..., force_fp32=True)); XNNPACK converts them when
+# it packs the fp16 operator. Measured in the test-small fp16 memory encoder: each of its 13 conv tensors is
+# stored fp32 beside fp16 Linears (the 256x64x3x3 downsampler weight alone is 589,824 bytes).
+CONV_STORED_BYTES = 4  # per element of a convolution's weight or bias, at every precision but int8's
+
+
 def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
     """Bytes of the parameters, buffers and constants the graph of ``module`` on ``args`` uses (``torch.export``
-    lifts every tensor of the module; only placeholders with users reach the program)."""
+    lifts every tensor of the module; only placeholders with users reach the program), as XNNPACK stores
+    them: at their dtype, a convolution's weight and bias at fp32 (``CONV_STORED_BYTES``)."""
     with torch.no_grad():
         ep = torch.export.export(module, args, strict=False)
     sig, stored = ep.graph_signature, {**ep.state_dict, **ep.constants}
     lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    convs = [
+        n for n in ep.graph.nodes if n.target in (torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default)
+    ]
+    conv_in = {a.name for n in convs for a in n.args[1:3] if isinstance(a, torch.fx.Node)}
     used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
-    tensors = [stored[t] for p, t in lifted.items() if p in used and isinstance(stored.get(t), torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    total = 0
+    for p, t in lifted.items():
+        tensor = stored.get(t)
+        if p in used and isinstance(tensor, torch.Tensor):
+            conv = p in conv_in and tensor.is_floating_point()
+            total += tensor.numel() * (CONV_STORED_BYTES if conv else tensor.element_size())
+    return total
 
 
 # operator left outside XNNPACK in a video program or the batched decoder -> why (card.json
@@ -147,7 +167,8 @@ OUTSIDE_WHY = {
     "by XnnpackPartitioner",
     "cat": "concatenations XNNPACK cannot take: the tie break's boolean one-hot columns (bool tensors) and the "
     "decoder's output tokens repeated to B rows (B inputs; its concatenate takes a few)",
-    "dim_order_ops": "dtype cast of a comparison result (bool -> float), a portable copy",
+    "dim_order_ops": "dtype cast of a comparison result (bool -> float), or of an fp16 program's fp32 inputs "
+    "and outputs, a portable copy",
     "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
     "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
     "div": "sine-encoding positions / frequencies (not constant-folded), one small portable op",
