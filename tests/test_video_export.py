@@ -143,6 +143,27 @@ def test_executorch_video_delegation_named(video_bundle):
         assert set(why) == set(c["outside_delegate"]) and all(why.values()), (c, why)
 
 
+@pytest.mark.slow
+def test_executorch_fp16_video_bundle_ships(video_checkpoint, tmp_path):
+    """ExecuTorch fp16 ``--video`` (6-7 min at test-small on 2 cores, hence slow): shippable, each program
+    within its size limit (convolutions at fp32, as XNNPACK stores them), the video bars met, and no scalar
+    cast of the fp16 graphs left outside XNNPACK (constants folded before partitioning)."""
+    from sam2edge.export.pipeline import run_export
+
+    out = tmp_path / "et16"
+    card = run_export(
+        "executorch", "test-small", "fp16", out, checkpoint=str(video_checkpoint), video=True, options={"batch": 0}
+    )
+    assert card["status"] == "shippable", card["fidelity"]["failures"]
+    for name, s in card["extra"]["sizes"].items():
+        assert s["bytes"] <= s["limit_bytes"], (name, s)
+    video = card["fidelity"]["video"]
+    assert video["iou_worst"] >= 0.95 and video["iou_median"] >= 0.99 and not video["failures"]
+    for role in VIDEO_GRAPHS:
+        c = card["extra"]["delegation"][video_file("executorch", role)]
+        assert c["outside_delegate"].get("dim_order_ops", 0) <= 16, c  # the I/O casts and bool -> float only
+
+
 @pytest.mark.parametrize("video_bundle", ["onnx"], indirect=True)
 def test_verify_and_tamper(video_bundle, tmp_path):
     """`verify` re-measures the clip (ONNX, the fastest); a modified video graph is refused by from_export."""
