@@ -145,7 +145,7 @@ def test_executorch_video_delegation_named(video_bundle):
 
 @pytest.mark.slow
 def test_executorch_fp16_video_bundle_ships(video_checkpoint, tmp_path):
-    """ExecuTorch fp16 ``--video`` (6-7 min at test-small on 2 cores, hence slow): shippable, each program
+    """ExecuTorch fp16 ``--video`` (5 min at test-small on 2 cores, hence slow): shippable, each program
     within its size limit (convolutions at fp32, as XNNPACK stores them), the video bars met, and no scalar
     cast of the fp16 graphs left outside XNNPACK (constants folded before partitioning)."""
     from sam2edge.export.pipeline import run_export
