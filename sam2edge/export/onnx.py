@@ -84,28 +84,37 @@ GRAPHS = {
 }
 
 
-def quantize_int8(src: Path, dst: Path, reduce_range: bool = True) -> dict:
-    """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel) into ``dst``.
+# int8 weight formats: name -> (onnxruntime weight type, reduce_range). x86 CPUs without VNNI (AVX2 only: many
+# AMD EPYC, older Intel) run u8 x s8 MatMulInteger with VPMADDUBSW, whose int16 pair sums saturate with 8-bit
+# signed weights; 7-bit signed weights avoid that but lose precision; u8 x u8 has neither problem. Measured on
+# an AVX2-only EPYC (benchmarks/bench_int8_range.py, notes/issue-16.md session 23): full-size Hiera-Tiny worst
+# click IoU s8 7-bit 0.8987 (refused), u8 0.9667; test-small s8 8-bit 0.78-0.80.
+INT8_WEIGHTS = {
+    "u8": ("QUInt8", False),
+    "s8": ("QInt8", False),
+    "s8-7bit": ("QInt8", True),
+}
+SHIPPED_INT8_WEIGHTS = "u8"
 
-    Weights use 7 of their 8 bits (``reduce_range``): x86 CPUs without VNNI (AVX2 only: many AMD EPYC,
-    older Intel) run u8 x s8 MatMulInteger with VPMADDUBSW, whose int16 pair sums saturate with full-range
-    weights. Measured at test-small on an AVX2-only EPYC (``benchmarks/bench_int8_range.py``): full range
-    drops the worst click IoU to 0.78; 7-bit weights give 0.98-0.99 there, and VNNI / ARM are unaffected.
-    """
+
+def quantize_int8(src: Path, dst: Path, weights: str = SHIPPED_INT8_WEIGHTS) -> dict:
+    """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel, format ``weights`` of
+    ``INT8_WEIGHTS``) into ``dst``."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    weight_type, reduce_range = INT8_WEIGHTS[weights]
     quantize_dynamic(
         str(src),
         str(dst),
-        weight_type=QuantType.QInt8,
+        weight_type=getattr(QuantType, weight_type),
         per_channel=True,
-        reduce_range=reduce_range,  # 7-bit weights: no int16 saturation on AVX2-only CPUs (docstring)
+        reduce_range=reduce_range,
         op_types_to_quantize=INT8_OPS,
     )
     ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
     return {
-        "method": f"onnxruntime quantize_dynamic, QInt8 per-channel {7 if reduce_range else 8}-bit weights",
+        "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
         "MatMulInteger": ops.count("MatMulInteger"),
     }
 
