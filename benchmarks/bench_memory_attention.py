@@ -1,10 +1,11 @@
-"""Full-size memory attention under LiteRT: ``Rewrites.rope_keys`` "rows" vs "transposed", one run.
+"""Full-size memory attention under LiteRT: the key layouts and the key-bias forms of ``Rewrites``, one run.
 
-    python benchmarks/bench_memory_attention.py [--runs 3] [--threads 2]
+    python benchmarks/bench_memory_attention.py [--variants rows transposed bias-folded] [--runs 3] [--threads 2]
 
 Builds the full-size Hiera-Tiny memory-attention graph (perturbed random weights, every memory and pointer
-slot filled) with each key layout, converts both with the LiteRT exporter's converter, checks them against
-eager fp32 and times ``invoke`` interleaved. Nothing else should run meanwhile.
+slot filled) with each variant of ``VARIANTS`` (``rope_keys`` "rows" / "transposed"; ``key_bias`` "folded" on
+the transposed keys), converts each with the LiteRT exporter's converter, checks them against eager fp32 of
+upstream's layout and times ``invoke`` interleaved. Nothing else should run meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from sam2edge.model.memory_attention import rope_tables
 from sam2edge.model.sam2_video import build_sam2_video
 from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
-LAYOUTS = ("rows", "transposed")
+VARIANTS = {
+    "rows": Rewrites(rope_keys="rows"),
+    "transposed": Rewrites(rope_keys="transposed", key_bias="added"),
+    "bias-folded": Rewrites(rope_keys="transposed", key_bias="folded"),
+}
 
 
 def sample_inputs() -> dict[str, torch.Tensor]:
@@ -52,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = ap.parse_args()
     torch.manual_seed(0)
     base = build_sam2_video(HIERA_TINY, VIDEO_TINY, Rewrites(rope_keys="rows")).eval()
@@ -60,8 +66,8 @@ def main() -> None:
     feed = {n: t.numpy() for n, t in x.items()}
     runners, outs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for layout in LAYOUTS:
-            model = build_sam2_video(HIERA_TINY, VIDEO_TINY, Rewrites(rope_keys=layout)).eval()
+        for layout in args.variants:
+            model = build_sam2_video(HIERA_TINY, VIDEO_TINY, VARIANTS[layout]).eval()
             model.load_state_dict(sd)
             graph = MemoryAttentionGraph(model).eval()
             with torch.no_grad():
@@ -71,16 +77,18 @@ def main() -> None:
             it = Interpreter(model_path=str(path), num_threads=args.threads)
             runners[layout] = it.get_signature_runner()
             outs[f"{layout} litert"] = runners[layout](**feed)["pix_feat"]
-    ref = outs["rows eager"]
+    base.load_state_dict(sd)
+    with torch.no_grad():
+        ref = MemoryAttentionGraph(base).eval()(**x).numpy()  # upstream's key layout and bias add
     for name, out in outs.items():
         print(f"{name}: max |out - rows eager| {np.abs(out - ref).max():.3g} (scale {np.abs(ref).max():.3g})")
-    times = {layout: [] for layout in LAYOUTS}
+    times = {layout: [] for layout in args.variants}
     for _ in range(args.runs):
         for layout, run in runners.items():
             t0 = time.perf_counter()
             run(**feed)
             times[layout].append((time.perf_counter() - t0) * 1e3)
-    print("| rope_keys | invoke ms (each run) | median |\n|---|---|---|")
+    print("| variant | invoke ms (each run) | median |\n|---|---|---|")
     for layout, ms in times.items():
         print(f"| {layout} | {' '.join(f'{t:.0f}' for t in ms)} | {np.median(ms):.0f} |")
 

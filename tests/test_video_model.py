@@ -39,17 +39,19 @@ def _memory_inputs(k: int, p: int, seed: int = 0):
     )
 
 
+@pytest.mark.parametrize("key_bias", ["added", "folded"])
 @torch.no_grad()
-def test_empty_slots_are_exact_no_ops(sd):
+def test_empty_slots_are_exact_no_ops(sd, key_bias):
     """7 + 16 slots with garbage in the empty ones == a graph holding only the filled slots."""
+    rw = Rewrites(key_bias=key_bias)
     vision, feats, tpos, ptrs, ptr_pos = _memory_inputs(7, 16)
     mem_keep, ptr_keep = [0, 1, 4], [0, 2, 3, 9, 15]
     mem_valid = torch.zeros(1, 7)
     mem_valid[0, mem_keep] = 1.0
     ptr_valid = torch.zeros(1, 16)
     ptr_valid[0, ptr_keep] = 1.0
-    full = _model(sd).memory_attention_step(vision, feats, tpos, mem_valid, ptrs, ptr_pos, ptr_valid)
-    small = _model(sd, memory_slots=3, max_obj_ptrs=5).memory_attention_step(
+    full = _model(sd, rw).memory_attention_step(vision, feats, tpos, mem_valid, ptrs, ptr_pos, ptr_valid)
+    small = _model(sd, rw, memory_slots=3, max_obj_ptrs=5).memory_attention_step(
         vision,
         feats[mem_keep],
         tpos[:, mem_keep],
@@ -59,7 +61,7 @@ def test_empty_slots_are_exact_no_ops(sd):
         torch.ones(1, 5),
     )
     assert (full - small).abs().max() <= 1e-5 * small.abs().max()
-    changed = _model(sd).memory_attention_step(vision, feats, tpos, torch.ones(1, 7), ptrs, ptr_pos, ptr_valid)
+    changed = _model(sd, rw).memory_attention_step(vision, feats, tpos, torch.ones(1, 7), ptrs, ptr_pos, ptr_valid)
     assert (changed - full).abs().max() > 1e-3 * full.abs().max()  # the filled slots do matter
 
 
@@ -103,7 +105,14 @@ def _stage_args():
 def test_export_rewrites_agree_with_upstream_ops(sd):
     args = _stage_args()
     ref = _Stages(_model(sd, UPSTREAM))(*args)
-    for rw in (Rewrites(), Rewrites(attention_rank=3), Rewrites(rope_keys="rows")):
+    variants = (
+        Rewrites(),
+        Rewrites(attention_rank=3),
+        Rewrites(rope_keys="rows"),
+        Rewrites(key_bias="folded"),
+        Rewrites(key_bias="folded", attention_rank=3),
+    )
+    for rw in variants:
         got = _Stages(_model(sd, rw))(*args)
         for name, a, b in zip(("pix", "masks", "iou", "score", "ptrs", "memory", "mask", "nomem"), got, ref):
             assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (rw, name)

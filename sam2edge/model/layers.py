@@ -39,6 +39,10 @@ class Rewrites:
     # score matmul (LiteRT lowers q @ k^T as a FULLY_CONNECTED with k as dynamic weights, which XNNPACK does not
     # take: 1.5 s against 0.18 s for 4096 queries x 28736 keys); "rows": upstream's (Nk, C)
     rope_keys: str = "transposed"
+    # additive key bias (empty memory slots) with transposed keys: "folded" appends a ones column to the scaled
+    # queries and the bias row to k^T, so the score product adds it (K = d + 1; no separate ADD over the
+    # Nq x Nk scores); "added": scores + bias. Kept keys add an exact 0 either way
+    key_bias: str = "folded"
 
     def __post_init__(self) -> None:
         checks = {
@@ -50,6 +54,7 @@ class Rewrites:
             "memory_values": (self.memory_values, ("folded", "projected")),
             "token_fold": (self.token_fold, ("folded", "projected")),
             "rope_keys": (self.rope_keys, ("transposed", "rows")),
+            "key_bias": (self.key_bias, ("folded", "added")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
@@ -68,6 +73,7 @@ UPSTREAM = Rewrites(
     memory_values="projected",
     token_fold="projected",
     rope_keys="rows",
+    key_bias="added",
 )
 
 
@@ -178,7 +184,12 @@ def _attention(
     if rw.attention_impl == "sdpa":
         out = F.scaled_dot_product_attention(q, kt.transpose(-2, -1), v, attn_mask=bias)
     else:
-        scores = (q * (1.0 / math.sqrt(d))) @ kt  # (.., Nq, Nk)
+        q = q * (1.0 / math.sqrt(d))
+        if bias is not None and keys_transposed and rw.key_bias == "folded":
+            q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (.., Nq, d + 1)
+            kt = torch.cat([kt, bias.expand(*kt.shape[:-2], 1, Nk)], dim=-2)  # (.., d + 1, Nk): bias row last
+            bias = None
+        scores = q @ kt  # (.., Nq, Nk)
         if bias is not None:
             scores = scores + bias
         out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)
