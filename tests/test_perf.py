@@ -22,7 +22,9 @@ from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
 from sam2edge.checks.bench.records import add_scaling, machine
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
+from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM, build_sam2
+from sam2edge.runtime.onnx_backend import OnnxBackend, has_vnni
 from sam2edge.weights import synthetic_state_dict
 
 SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
@@ -205,6 +207,58 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     assert enc.count("MatMulInteger") >= 12 and "DynamicQuantizeLinear" in enc and "MatMulInteger" not in dec
     assert card["extra"]["rewrites"]["transposed_conv"] == "native"
     assert {"convert encoder.onnx", "check optimization", "fidelity"} <= set(card["extra"]["stage_seconds"])
+    assert _weight_dtypes(out / "encoder.onnx") == {onnx.TensorProto.UINT8}  # u8 x u8: exact on every CPU
+    vnni, roles = card["fidelity"]["checks"]["int8_vnni"], {a["role"]: a["file"] for a in card["artifacts"]}
+    if has_vnni():  # u8 x s8 measured on the kernels that run it, at the same bars
+        assert vnni["shipped"] and roles["encoder-vnni"] == "encoder_vnni.onnx"
+        assert vnni["end_to_end"]["iou_worst"] >= 0.95 and vnni["end_to_end"]["clicks"] >= 40
+        assert _weight_dtypes(out / "encoder_vnni.onnx") == {onnx.TensorProto.INT8}
+        assert OnnxBackend.from_bundle(out).encoder_role == "encoder-vnni"
+    else:
+        assert not vnni["shipped"] and "no VNNI" in vnni["why"] and "encoder-vnni" not in roles
+        assert not (out / "encoder_vnni.onnx").exists() and OnnxBackend.from_bundle(out).encoder_role == "encoder"
+
+
+def _weight_dtypes(path: Path) -> set[int]:
+    """Element types of the constant weight inputs of an ONNX file's MatMulInteger nodes."""
+    import onnx
+
+    m = onnx.load(str(path))
+    inits = {t.name: t.data_type for t in m.graph.initializer}
+    return {inits[n.input[1]] for n in m.graph.node if n.op_type == "MatMulInteger" and n.input[1] in inits}
+
+
+def test_onnx_int8_vnni_encoder_missing_its_bar_is_left_out(tmp_path: Path, monkeypatch) -> None:
+    """A VNNI encoder that misses a bar is removed from the bundle (the portable encoder still ships), and
+    ``SAM2EDGE_ORT_ENCODER`` / a CPU without VNNI make the backend open ``encoder.onnx``."""
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.runtime import onnx_backend as ob
+
+    monkeypatch.setattr(ob, "has_vnni", lambda cpuinfo=None: True)  # written and measured on any CPU
+    out = tmp_path / "int8"
+    weights = (synthetic_state_dict(TEST_SMALL), SOURCE)
+    bars = {"min_iou_worst": 1.01}  # no file can pass: the bundle is written as rejected (force)
+    card = run_export("onnx", "test-small", "int8", out, weights=weights, bars=bars, force=True, options={"batch": 0})
+    vnni = card["fidelity"]["checks"]["int8_vnni"]
+    assert not vnni["shipped"] and "missed the int8 bars" in vnni["why"] and vnni["bars"]["min_iou_worst"] == 1.01
+    assert not (out / "encoder_vnni.onnx").exists() and "encoder-vnni" not in {a["role"] for a in card["artifacts"]}
+    roles = {"encoder", "decoder", "encoder-vnni"}
+    assert ob.pick_encoder(roles, vnni=True) == "encoder-vnni" and ob.pick_encoder(roles, vnni=False) == "encoder"
+    assert ob.pick_encoder(roles - {"encoder-vnni"}, vnni=True) == "encoder"
+    monkeypatch.setenv("SAM2EDGE_ORT_ENCODER", "portable")
+    assert ob.pick_encoder(roles, vnni=True) == "encoder"
+    monkeypatch.setenv("SAM2EDGE_ORT_ENCODER", "fast")
+    with pytest.raises(UserError, match="auto .* or portable"):
+        ob.pick_encoder(roles, vnni=True)
+
+
+def test_vnni_flags_are_read_from_cpuinfo() -> None:
+    from sam2edge.runtime.onnx_backend import has_vnni
+
+    assert has_vnni("processor : 0\nflags : fpu avx2 avx512f avx512_vnni\n")
+    assert has_vnni("flags\t\t: sse avx2 avx_vnni\n")
+    assert not has_vnni("flags : fpu avx2 fma f16c\nbugs : avx512_vnni\n")  # only the flags line counts
+    assert not has_vnni("Features : fp asimd asimddp\n")  # ARM: onnxruntime's dot-product kernels, no saturation
 
 
 def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:

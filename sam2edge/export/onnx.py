@@ -4,7 +4,8 @@ Files (single self-contained .onnx each, no external data, opset ``OPSET``, stan
   encoder.onnx  ``EncoderGraph``: image 1x3xSxS -> image_embeddings, feat_s0, feat_s1
   decoder.onnx  ``PointDecoderGraph`` (prompt encoder inside), dynamic num_points N; I/O in
                 ``sam2edge.runtime.onnx_backend``'s module docstring.
-Both carry ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
+  encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 products (``export.onnx_int8``)
+Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
 
 fp16: every weight and activation of the encoder is fp16; decoder.onnx (prompt encoder + mask decoder) stays
 fp32: fp16 rounding accumulates ~1e-3 relative error per two-way transformer stage, which at full decoder
@@ -33,6 +34,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config, config_name, model_id
 from sam2edge.export import batched as bat
+from sam2edge.export import onnx_int8 as i8
 from sam2edge.export import video as vid
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
@@ -59,10 +61,6 @@ CLICKS = 40
 # optimised vs unoptimised graph, per output: fp32 to ~1e-7, fp16 within its own rounding (~1e-3 relative)
 # (int8: the check compares the fp32 graphs before quantisation, so fp32's tolerance)
 OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.99999, "int8": 0.9999999}
-# int8 = onnxruntime dynamic quantisation of the encoder's MatMuls (int8 per-channel symmetric weights,
-# activations quantised per call: MatMulInteger / DynamicQuantizeLinear, VNNI / dot-product kernels on
-# x86 / ARM); the decoder stays fp32 like ExecuTorch's int8 (4.2 M parameters, a click is not GEMM-bound)
-INT8_OPS = ("MatMul",)
 LABEL_MEANING = "1 foreground, 0 background, 2 box top-left, 3 box bottom-right, -1 not-a-point pad, -2 ignored slot"
 
 
@@ -82,41 +80,6 @@ GRAPHS = {
     "fp16": (HalfEncoderGraph, PointDecoderGraph),  # the decoder stays fp32 (FP32_KEPT, notes/issue-15.md)
     "int8": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; the encoder is quantised after optimisation
 }
-
-
-# int8 weight formats: name -> (onnxruntime weight type, reduce_range). x86 CPUs without VNNI (AVX2 only: many
-# AMD EPYC, older Intel) run u8 x s8 MatMulInteger with VPMADDUBSW, whose int16 pair sums saturate with 8-bit
-# signed weights; 7-bit signed weights avoid that but lose precision; u8 x u8 has neither problem. Measured on
-# an AVX2-only EPYC (benchmarks/bench_int8_range.py, notes/issue-16.md session 23): full-size Hiera-Tiny worst
-# click IoU s8 7-bit 0.8987 (refused), u8 0.9667; test-small s8 8-bit 0.78-0.80.
-INT8_WEIGHTS = {
-    "u8": ("QUInt8", False),
-    "s8": ("QInt8", False),
-    "s8-7bit": ("QInt8", True),
-}
-SHIPPED_INT8_WEIGHTS = "u8"
-
-
-def quantize_int8(src: Path, dst: Path, weights: str = SHIPPED_INT8_WEIGHTS) -> dict:
-    """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel, format ``weights`` of
-    ``INT8_WEIGHTS``) into ``dst``."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    weight_type, reduce_range = INT8_WEIGHTS[weights]
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        weight_type=getattr(QuantType, weight_type),
-        per_channel=True,
-        reduce_range=reduce_range,
-        op_types_to_quantize=INT8_OPS,
-    )
-    ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
-    return {
-        "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
-        "MatMulInteger": ops.count("MatMulInteger"),
-    }
 
 
 def example_inputs(cfg: Sam2Config) -> tuple[tuple[torch.Tensor], tuple[torch.Tensor, ...]]:
@@ -327,9 +290,9 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     if role in VIDEO_GRAPHS:  # card.json extra.video lists every tensor's shape
         props["outputs"] = ", ".join(names_out)
     final = opt
-    if job.precision == "int8" and role == "encoder":
-        final = work / f"int8_{role}.onnx"
-        job.state["census"][role]["int8"] = quantize_int8(opt, final)
+    if job.precision == "int8" and role == "encoder":  # export.onnx_int8: the portable and the VNNI file
+        vnni_props = {**props, "role": ob.VNNI_ENCODER_ROLE}
+        final = i8.quantize_encoder(job, opt, work, lambda src, dst: finish(src, dst, vnni_props))
     finish(final, job.folder / file, props)
 
 
@@ -402,6 +365,10 @@ SPEC = TargetSpec(
     open_backend=_backend,
     extra=_extra,
     summary=summary,
-    checks={"optimization": optimization_check, "batched_decoder": lambda job: bat.check_batched(job, _backend(job))},
+    checks={
+        "optimization": optimization_check,
+        "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),
+        "int8_vnni": lambda job: i8.vnni_check(job, job.folder / ob.DECODER_FILE),
+    },
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

@@ -10,8 +10,8 @@ its runtime (a ``TargetSpec``).
   5. tables             host-side files the runtime reads (``spec.tables``, optional)
   6. lint               the target's graph lint (``spec.lint``, optional; ``--allow-dirty`` records instead
                         of refusing, for every target)
-  7. target checks      ``spec.checks``: name -> fn(job) -> dict (in fidelity.json "checks"); a check may add
-                        "failures" (one line each), which fail the bundle like a bar
+  7. target checks      ``spec.checks``: name -> fn(job) -> dict (in fidelity.json "checks"), or None where it
+                        does not apply; a check may add "failures" (one line each), which fail the bundle like a bar
   8. fidelity           ONE measurement, ``checks.fidelity.measure.measure_backend`` (what `sam2edge verify`
                         runs) on the staged files, with the ONE bar table ``checks.fidelity.bars.BARS``
                         (``spec.measure`` replaces it only for a target whose graphs cannot run here)
@@ -74,6 +74,7 @@ class Job:
     state: dict = field(default_factory=dict)  # anything a target keeps between its steps
     vcfg: Sam2VideoConfig | None = None  # --video: the memory path's config (None: image graphs only)
     measured: dict = field(default_factory=dict)  # shared by the job's measurements (reference, tested)
+    bars: dict[str, float] | None = None  # run_export's bar overrides (checks that measure a file apply them)
 
     def reference(self) -> CachedReference:
         """THE eager fp32 reference (upstream's operations) of this export: every measurement of the job
@@ -121,7 +122,7 @@ class TargetSpec:
     config: Callable[[Sam2Config, int | None], Sam2Config] = _default_config  # --resolution rule
     tables: Callable[[Job], dict[str, str]] | None = None  # host tables written -> role
     lint: Callable[[Job], dict] | None = None  # graph lint; raise UserError unless job.allow_dirty
-    checks: dict[str, Callable[[Job], dict]] = field(default_factory=dict)
+    checks: dict[str, Callable[[Job], dict | None]] = field(default_factory=dict)  # None: does not apply
     measure: Callable[[Job, EagerBackend], dict] | None = None  # only where the graphs cannot run here
     video: Callable[[Job], Graphs] | None = None  # --video: the target's wrapping of export.video's graphs
 
@@ -193,7 +194,9 @@ def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
     for name, check in spec.checks.items():
         stages.next(f"check {name}")
         stage(f"check: {name}")
-        job.checks[name] = check(job)
+        result = check(job)
+        if result is not None:  # None: the check does not apply to this export
+            job.checks[name] = result
 
 
 def _load(checkpoint: str | None, cfg: Sam2Config, vcfg: Sam2VideoConfig | None) -> tuple[dict, dict]:
@@ -237,7 +240,8 @@ def run_export(
     stages = Stages(f"export {target} {precision}", len(GRAPH_SET) + 2 + len(spec.checks) + (spec.lint is not None))
     try:
         with atomic_dir(out) as tmp:
-            job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks, vcfg=vcfg)
+            job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks)
+            job.vcfg, job.bars = vcfg, bars
             job.state.update(options or {})
             if video:
                 vid.prepare(job, sd_all, spec.rewrites)

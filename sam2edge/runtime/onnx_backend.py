@@ -8,6 +8,10 @@ Graph contract (fp32 I/O for every precision; S = image size, e = S/16):
                 mask_input 1x1x4ex4e logits, has_mask_input (1,) 0 or 1
                 -> masks 1x3x4ex4e, iou_scores 1x3, single_mask 1x1x4ex4e, single_iou 1x1, object_score 1x1
 
+int8 bundles may also hold ``encoder_vnni.onnx`` (role ``encoder-vnni``: u8 x s8 products, fast with VNNI and
+saturating without it; ``sam2edge.export.onnx_int8``). ``from_bundle`` opens it where the CPU has VNNI, else
+``encoder.onnx`` (``pick_encoder``; ``SAM2EDGE_ORT_ENCODER=portable`` always opens ``encoder.onnx``).
+
 Execution providers: CPU by default. ``providers=`` (or the environment variable
 ``SAM2EDGE_ORT_PROVIDERS``, comma-separated, e.g. ``CUDAExecutionProvider,CPUExecutionProvider``)
 selects any provider the installed onnxruntime has; ``threads=`` (or ``SAM2EDGE_ORT_THREADS``) sets
@@ -44,6 +48,9 @@ BATCHED_INPUTS = ("image_embeddings", "feat_s0", "feat_s1", "point_coords", "poi
 LABELS = (-2.0, -1.0, 0.0, 1.0, 2.0, 3.0)  # ignored slot, pad, bg, fg, box top-left, box bottom-right
 IGNORED_SLOT = -2.0
 PROVIDERS_ENV, THREADS_ENV = "SAM2EDGE_ORT_PROVIDERS", "SAM2EDGE_ORT_THREADS"
+VNNI_ENCODER_FILE, VNNI_ENCODER_ROLE = "encoder_vnni.onnx", "encoder-vnni"
+ENCODER_ENV = "SAM2EDGE_ORT_ENCODER"  # "auto" (default): the VNNI encoder where it runs exactly; "portable"
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # x86 flags of onnxruntime's u8 x s8 kernels with int32 sums
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 
 
@@ -75,6 +82,28 @@ def resolve_threads(threads: int | None = None) -> int:
     if threads < 0:
         raise UserError(f"thread count {threads} is negative; use 0 (onnxruntime's default) or more")
     return threads
+
+
+def has_vnni(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU (or the /proc/cpuinfo text ``cpuinfo``) names a VNNI flag; False where unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return any(f in flags for f in VNNI_FLAGS)
+
+
+def pick_encoder(roles: set[str] | frozenset[str], vnni: bool | None = None) -> str:
+    """The encoder role a bundle with artifact ``roles`` runs here: ``encoder-vnni`` when listed, the CPU has
+    VNNI (``vnni``, default ``has_vnni()``) and ``$SAM2EDGE_ORT_ENCODER`` is not "portable"; else ``encoder``."""
+    choice = os.environ.get(ENCODER_ENV, "auto").strip() or "auto"
+    if choice not in ("auto", "portable"):
+        raise UserError(f"{ENCODER_ENV}={choice!r}; set it to auto (the default) or portable, or unset it")
+    if choice == "portable" or VNNI_ENCODER_ROLE not in roles:
+        return "encoder"
+    return VNNI_ENCODER_ROLE if (has_vnni() if vnni is None else vnni) else "encoder"
 
 
 def make_session(
@@ -119,6 +148,7 @@ class OnnxBackend:
     """encoder.onnx + decoder.onnx run by onnxruntime; same calls and results as ``EagerBackend``."""
 
     name = "onnx"
+    encoder_role = "encoder"  # the card role of the encoder file it runs (``pick_encoder``)
 
     def __init__(self, encoder, decoder, cfg: Sam2Config) -> None:
         self.encoder, self.decoder, self.cfg = encoder, decoder, cfg
@@ -149,8 +179,8 @@ class OnnxBackend:
         folder = Path(folder)
         card = open_bundle(folder, "onnx")
         by_role = {a.get("role"): a for a in card["artifacts"]}
-        paths = []
-        for role in ("encoder", "decoder"):
+        paths, encoder_role = [], pick_encoder(set(by_role))
+        for role in (encoder_role, "decoder"):
             art = by_role.get(role)
             if art is None:
                 raise UserError(f"{folder}/card.json lists no {role} artifact; re-export the bundle")
@@ -160,6 +190,7 @@ class OnnxBackend:
         except ValueError as e:
             raise UserError(f"{folder}/card.json: {e}") from None
         backend = cls.from_files(paths[0], paths[1], cfg, providers, threads)
+        backend.encoder_role = encoder_role
         side = backend.encoder.get_inputs()[0].shape[-1]
         if side != cfg.image_size:
             raise UserError(
