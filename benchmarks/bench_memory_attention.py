@@ -1,10 +1,12 @@
-"""Full-size memory attention under LiteRT: the key layouts and the key-bias forms of ``Rewrites``, one run.
+"""Full-size memory attention under LiteRT: the key layouts and key-bias forms of ``Rewrites``, int8, one run.
 
-    python benchmarks/bench_memory_attention.py [--variants rows transposed bias-folded] [--runs 3] [--threads 2]
+    python benchmarks/bench_memory_attention.py [--variants rows transposed bias-folded bias-folded-int8]
+        [--runs 3] [--threads 2]
 
 Builds the full-size Hiera-Tiny memory-attention graph (perturbed random weights, every memory and pointer
 slot filled) with each variant of ``VARIANTS`` (``rope_keys`` "rows" / "transposed"; ``key_bias`` "folded" on
-the transposed keys), converts each with the LiteRT exporter's converter, checks them against eager fp32 of
+the transposed keys; "bias-folded-int8" with dynamic-range int8 weights), converts each with the LiteRT
+exporter's converter, checks them against eager fp32 of
 upstream's layout and times ``invoke`` interleaved. Nothing else should run meanwhile.
 """
 
@@ -26,10 +28,11 @@ from sam2edge.model.memory_attention import rope_tables
 from sam2edge.model.sam2_video import build_sam2_video
 from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
 
-VARIANTS = {
-    "rows": Rewrites(rope_keys="rows"),
-    "transposed": Rewrites(rope_keys="transposed", key_bias="added"),
-    "bias-folded": Rewrites(rope_keys="transposed", key_bias="folded"),
+VARIANTS = {  # name -> (rewrites, LiteRT precision of export.litert.convert_graph)
+    "rows": (Rewrites(rope_keys="rows"), "fp32"),
+    "transposed": (Rewrites(rope_keys="transposed", key_bias="added"), "fp32"),
+    "bias-folded": (Rewrites(rope_keys="transposed", key_bias="folded"), "fp32"),
+    "bias-folded-int8": (Rewrites(rope_keys="transposed", key_bias="folded"), "int8"),  # dynamic-range weights
 }
 
 
@@ -67,13 +70,14 @@ def main() -> None:
     runners, outs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for layout in args.variants:
-            model = build_sam2_video(HIERA_TINY, VIDEO_TINY, VARIANTS[layout]).eval()
+            rewrites, precision = VARIANTS[layout]
+            model = build_sam2_video(HIERA_TINY, VIDEO_TINY, rewrites).eval()
             model.load_state_dict(sd)
             graph = MemoryAttentionGraph(model).eval()
             with torch.no_grad():
                 outs[f"{layout} eager"] = graph(**x).numpy()
             path = Path(tmp) / f"memory_attention_{layout}.tflite"
-            convert_graph(NamedOutputs(graph, ("pix_feat",)), x, path, "fp32")
+            convert_graph(NamedOutputs(graph, ("pix_feat",)), x, path, precision)
             it = Interpreter(model_path=str(path), num_threads=args.threads)
             runners[layout] = it.get_signature_runner()
             outs[f"{layout} litert"] = runners[layout](**feed)["pix_feat"]

@@ -8,11 +8,12 @@ index (it grows while the 7 memory slots fill, then stays flat: sam2edge's graph
 every slot, upstream's over the filled ones).
 
 Bundle subjects (``--targets litert,onnx,executorch``): each target is exported with ``--video`` from the
-same weights (``--precision``, default fp32) and tracked through ``Sam2VideoPredictor.from_export``'s backend
-in the same lockstep run, so every per-frame time sits beside upstream eager's.
+same weights at each ``--precision`` (comma-separated, default fp32) and tracked through
+``Sam2VideoPredictor.from_export``'s backend in the same lockstep run, so every per-frame time sits beside
+upstream eager's.
 
 Usage: .venv/bin/python benchmarks/bench_video.py [--config sam2.1-hiera-tiny] [--frames 10]
-       [--objects 3] [--threads 2] [--targets litert,onnx,executorch] [--precision fp32] [--json out.json]
+       [--objects 3] [--threads 2] [--targets litert,onnx,executorch] [--precision fp32,int8] [--json out.json]
        [--workdir bench-video]  (keeps the exported bundles; a later run with the same --workdir reuses them)
        [--bundle DIR ...] (time --video bundles exported elsewhere from these weights) [--no-eager]
        [--warmup-frames 3] (tracked untimed by every subject first: first calls grow memory arenas)
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import statistics
 import sys
@@ -73,12 +75,14 @@ class Timers:
         return out
 
 
-def bundle_runners(mapped: dict, config: str, targets: list[str], precision: str, tmp: Path, threads: int) -> dict:
-    """name -> (predictor, timers) for each target's ``--video`` bundle exported from ``mapped``."""
+def bundle_runners(
+    mapped: dict, config: str, targets: list[str], precisions: list[str], tmp: Path, threads: int
+) -> dict:
+    """name -> (predictor, timers) for each target's ``--video`` bundle at each precision, exported from ``mapped``."""
     from sam2edge.export.pipeline import run_export
 
     runners = {}
-    for target in targets:
+    for target, precision in itertools.product(targets, precisions):
         out = tmp / f"bundle-{config}-{target}-{precision}"
         if not (out / "card.json").exists():  # a --workdir bundle from an earlier run (same weights) is reused
             options = {"gpu_check": "skip"} if target == "litert" else None  # not what this benchmark measures
@@ -189,7 +193,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="write the per-frame splits here")
     ap.add_argument("--targets", default="", help="comma-separated bundle subjects: litert,onnx,executorch")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16"), help="precision of the bundles")
+    ap.add_argument("--precision", default="fp32", help="comma-separated precisions of the bundles: fp32,fp16,int8")
     ap.add_argument("--bundle", action="append", default=[], help="also time this --video bundle (same weights)")
     ap.add_argument("--no-eager", action="store_true", help="leave out the two sam2edge eager subjects")
     ap.add_argument("--warmup-frames", type=int, default=3, help="untimed frames tracked by every subject first")
@@ -207,7 +211,8 @@ def main() -> None:
         targets = [t for t in args.targets.split(",") if t]
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        runners.update(bundle_runners(mapped, args.config, targets, args.precision, workdir, args.threads))
+        precisions = [p for p in args.precision.split(",") if p]
+        runners.update(bundle_runners(mapped, args.config, targets, precisions, workdir, args.threads))
         results = {}
         with contextlib.redirect_stderr(io.StringIO()):  # untimed: runtimes grow their memory arenas on first calls
             session(runners, Path(tmp) / "clip", 1, frames=args.warmup_frames)

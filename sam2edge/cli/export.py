@@ -11,8 +11,9 @@ line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_e
   --out           bundle folder (new, empty, or an earlier bundle; written atomically)
   --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
   --force         write a bundle that fails an accuracy bar (card status "rejected")
-  --video         also the video graphs (memory attention, memory encoder, video decoder; fp32 / fp16), measured
-                  on a two-object clip; ``Sam2VideoPredictor.from_export(DIR)`` tracks from the bundle
+  --video         also the video graphs (memory attention, memory encoder, video decoder; every precision, int8
+                  quantising only the frame encoder), measured on a two-object clip;
+                  ``Sam2VideoPredictor.from_export(DIR)`` tracks from the bundle
 """
 
 from __future__ import annotations

@@ -60,6 +60,19 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
-def fp32_kept(target: str, precision: str) -> dict[str, str]:
-    """{part kept in fp32: why} for an export of ``target`` at ``precision`` (empty: none recorded)."""
-    return dict(FP32_KEPT.get(target, {}).get(precision, {}))
+# int8 --video, every target (notes/issue-18.md, session 25)
+_VIDEO_INT8 = (
+    "the memory attention's time is in its activation x activation products (scores and P @ v over 28736 keys), "
+    "which dynamic int8 leaves in fp32: int8 weights made the full-size LiteRT graph only 1.08x faster (2442 -> "
+    "2251 ms) for an output error of 1.1 % of its scale (benchmarks/bench_memory_attention.py); the memory "
+    "encoder and the video decoder are under 5 % of a frame"
+)
+VIDEO_FP32_KEPT: dict[str, dict[str, str]] = {
+    "int8": {"video graphs (memory attention, memory encoder, video decoder)": _VIDEO_INT8},
+}
+
+
+def fp32_kept(target: str, precision: str, video: bool = False) -> dict[str, str]:
+    """{part kept in fp32: why} for an export of ``target`` at ``precision`` (``video``: with ``--video``;
+    empty: none recorded)."""
+    return {**FP32_KEPT.get(target, {}).get(precision, {}), **(VIDEO_FP32_KEPT.get(precision, {}) if video else {})}

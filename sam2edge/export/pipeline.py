@@ -266,7 +266,7 @@ def run_export(
                 extra={
                     **spec.extra(job),
                     **({"video": vid.extra(job)} if video else {}),
-                    **({"fp32_kept": fp32_kept(target, precision)} if fp32_kept(target, precision) else {}),
+                    **({"fp32_kept": kept} if (kept := fp32_kept(target, precision, video)) else {}),
                     "stage_seconds": dict(stages.seconds),
                 },
             )

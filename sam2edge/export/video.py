@@ -43,7 +43,8 @@ from sam2edge.runtime.video_bundle import (
     video_file,
 )
 
-VIDEO_PRECISIONS = ("fp32", "fp16")  # int8 has no video bar (the clip bars are fp32 / fp16)
+# int8: the frame encoder is the bundle's int8 encoder; the three video graphs stay fp32 (export.kept.FP32_KEPT)
+VIDEO_PRECISIONS = ("fp32", "fp16", "int8")
 GRAPH_SET_VIDEO: dict[str, str] = {
     "memory-attention": "vision + K memory slots + P object pointers (validity masks) -> pix_feat 1xCxexe",
     "memory-encoder": "vision + low-res mask logits, binarize, object score -> memory 1xMxexe",

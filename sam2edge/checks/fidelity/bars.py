@@ -5,7 +5,8 @@ A bundle is measured against eager fp32 with upstream's operations (``measure.me
   fp16  end-to-end mask IoU worst >= 0.99 and median >= 0.999
   int8  end-to-end mask IoU worst >= 0.95
 Video bundles (``--video``; ``video.measure_video``: a two-object clip with a correction and reverse
-propagation, mask IoU per frame vs eager fp32): fp32 worst >= 0.999; fp16 worst >= 0.95, median >= 0.99.
+propagation, mask IoU per frame vs eager fp32): fp32 worst >= 0.999; fp16 and int8 worst >= 0.95, median >= 0.99
+(the issue's reduced-precision clip bars; int8 quantises only the frame encoder).
 Any NaN / inf in a measured output (or among the metrics) fails, whatever the bars: NaN never passes.
 """
 
@@ -17,7 +18,7 @@ import math
 BARS: dict[str, dict[str, float]] = {
     "fp32": {"min_cosine": 0.99999, "min_iou_worst": 0.99, "min_iou_median": 0.999, "min_video_iou_worst": 0.999},
     "fp16": {"min_iou_worst": 0.99, "min_iou_median": 0.999, "min_video_iou_worst": 0.95, "min_video_iou_median": 0.99},
-    "int8": {"min_iou_worst": 0.95},
+    "int8": {"min_iou_worst": 0.95, "min_video_iou_worst": 0.95, "min_video_iou_median": 0.99},
 }
 
 
