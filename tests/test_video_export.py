@@ -195,6 +195,7 @@ def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle
     status follows them, and the card says what stayed fp32 and why."""
     from sam2edge.export.pipeline import run_export
     from sam2edge.export.video import samples
+    from sam2edge.runtime.onnx_backend import has_vnni
     from sam2edge.runtime.video_bundle import open_video_bundle
 
     out = tmp_path / "int8"
@@ -207,6 +208,9 @@ def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle
     passed = fid["iou_median"] >= 0.99 and card["fidelity"]["end_to_end"]["iou_worst"] >= 0.95
     assert (card["status"] == "shippable") == passed
     assert "video graphs (memory attention, memory encoder, video decoder)" in card["extra"]["fp32_kept"]
+    if target == "onnx" and has_vnni():  # the u8 x s8 frame encoder this CPU runs tracked the clip as well
+        vnni = card["fidelity"]["checks"]["int8_vnni"]
+        assert vnni["shipped"] and vnni["video"]["iou_worst"] >= 0.95, vnni
     int8, _ = open_video_bundle(out)
     fp32, _ = open_video_bundle(video_bundle_dir(target))
     s = TEST_SMALL.image_size

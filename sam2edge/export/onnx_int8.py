@@ -25,6 +25,7 @@ from pathlib import Path
 from sam2edge.checks.fidelity.bars import bars_for
 from sam2edge.checks.fidelity.measure import measure_backend
 from sam2edge.errors import UserError
+from sam2edge.export import video as vid
 from sam2edge.runtime import onnx_backend as ob
 
 INT8_OPS = ("MatMul",)
@@ -76,7 +77,8 @@ def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
 
 def vnni_check(job, decoder: Path) -> dict | None:
     """The VNNI encoder with ``decoder`` against the job's eager reference, at the int8 bars (with the job's
-    overrides); a file that misses one is removed from the bundle. None where the bundle is not int8."""
+    overrides; with ``--video`` the clip too, this file the frame encoder); a file that misses one is removed
+    from the bundle. None where the bundle is not int8."""
     if job.precision != "int8":
         return None
     path = job.folder / ob.VNNI_ENCODER_FILE
@@ -88,8 +90,13 @@ def vnni_check(job, decoder: Path) -> dict | None:
         raise RuntimeError(f"{path.name} does not load: {e}") from None
     res = measure_backend(job.reference(), backend, "int8", clicks=job.clicks, bars=job.bars)
     out = {"end_to_end": res["end_to_end"], "bars": bars_for("int8", job.bars)}
-    if res["failures"]:
+    failures = list(res["failures"])
+    if job.vcfg is not None:  # --video: the clip, tracked with this file as the frame encoder
+        clip = vid.measure(job, backend, job.bars)
+        out["video"] = {k: clip[k] for k in ("per_frame_iou", "iou_worst", "iou_median")}
+        failures += clip["failures"]
+    if failures:
         path.unlink()
         del job.files[ob.VNNI_ENCODER_FILE]
-        return {"shipped": False, "why": f"missed the int8 bars: {res['failures'][0]}", **out}
+        return {"shipped": False, "why": f"missed the int8 bars: {failures[0]}", **out}
     return {"shipped": True, "file": ob.VNNI_ENCODER_FILE, **out}

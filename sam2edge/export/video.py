@@ -251,10 +251,13 @@ def extra(job) -> dict:
 
 
 def measure(job, image_backend, bars: dict | None = None) -> dict:
-    """The clip measurement of the staged bundle vs eager fp32 (upstream's operations)."""
-    from sam2edge.checks.fidelity.video import measure_video
+    """The clip measurement of the staged bundle, ``image_backend`` its frame encoder, vs eager fp32 (upstream's
+    operations); the eager clip runs once per export (``job.measured``), whichever frame encoder comes first."""
+    from sam2edge.checks.fidelity.video import clip, measure_video, run_clip
 
     v = job.state["video"]
     ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
+    if "video_clip" not in job.measured:
+        job.measured["video_clip"] = run_clip(ref, clip())
     test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"])
-    return measure_video(ref, test, job.precision, bars=bars)
+    return measure_video(ref, test, job.precision, bars=bars, want=job.measured["video_clip"])

@@ -92,11 +92,21 @@ def _per_frame(test: dict[int, np.ndarray], ref: dict[int, np.ndarray]) -> dict[
     return {str(f): min(mask_iou(test[f][o] > 0, ref[f][o] > 0) for o in range(ref[f].shape[0])) for f in sorted(ref)}
 
 
-def measure_video(ref, test, precision: str, frames: list[np.ndarray] | None = None, bars: dict | None = None) -> dict:
-    """Run the clip on ``ref`` (eager fp32) and ``test``; per-pass, per-frame IoU, latency, bars, failures."""
+def measure_video(
+    ref,
+    test,
+    precision: str,
+    frames: list[np.ndarray] | None = None,
+    bars: dict | None = None,
+    want: dict[str, dict[int, np.ndarray]] | None = None,
+) -> dict:
+    """Run the clip on ``ref`` (eager fp32) and ``test``; per-pass, per-frame IoU, latency, bars, failures.
+    ``want``: ``run_clip(ref, frames)`` where the caller already ran it (an export that measures two frame
+    encoders against one reference); ``ref`` is then not run."""
     frames = clip() if frames is None else frames
     timed = Timed(test)
-    want, got = run_clip(ref, frames), run_clip(timed, frames)
+    want = run_clip(ref, frames) if want is None else want
+    got = run_clip(timed, frames)
     passes = {name: _per_frame(got[name], want[name]) for name in want}
     ious = [v for p in passes.values() for v in p.values()]
     nonfinite = sum(int((~np.isfinite(m)).sum()) for p in got.values() for m in p.values())
