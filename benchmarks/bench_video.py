@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sam2edge.checks.bench.records import machine  # noqa: E402
 from sam2edge.config import get_config, get_video_config  # noqa: E402
 from sam2edge.model import UPSTREAM, Rewrites  # noqa: E402
 from sam2edge.runtime.video_backend import EagerVideoBackend  # noqa: E402
@@ -201,6 +202,8 @@ def main() -> None:
         "--workdir", help="keep the exported bundles here and reuse them in a later run (default: a temporary folder)"
     )
     args = ap.parse_args()
+    if args.json and Path(args.json).exists():  # never written over
+        raise SystemExit(f"error: {args.json} exists; name a new file for --json")
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     cfg, vcfg = get_config(args.config), get_video_config(args.config)
@@ -220,10 +223,12 @@ def main() -> None:
             with contextlib.redirect_stderr(io.StringIO()):  # upstream's tqdm bars
                 results[objects] = session(runners, Path(tmp) / "clip", objects)
             print(f"{objects} object(s) done", file=sys.stderr, flush=True)
+    m = machine()  # the ratio depends on the CPU: upstream's kernels and ours scale differently per family
     print(f"{args.config}, {args.threads} threads, {args.frames} frames of {W}x{H}")
+    print(f"machine: {m['cpu']}, {m['cores']} cores; {' '.join(m['vector_extensions'])}")
     report(results, args.frames)
     if args.json:
-        Path(args.json).write_text(json.dumps({str(k): v for k, v in results.items()}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": m, **{str(k): v for k, v in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -160,14 +160,8 @@ def dynamic_weight_products(model) -> list[int]:
     litert-torch lowers ``q @ k^T`` with a transposed right operand as a FULLY_CONNECTED with ``k`` as its
     weights. XNNPACK takes only constant weights, so the builtin kernel runs such a node several times slower
     than a BATCH_MATMUL (full-size memory attention: 1.4 s against 0.18 s per score product, session 19)."""
-    schema, known = _schema(), _folded(model)[1]
-    fc = {
-        i
-        for i, c in enumerate(model.operatorCodes)
-        if schema.BuiltinOperator.FULLY_CONNECTED in (c.builtinCode, c.deprecatedBuiltinCode)
-    }
-    ops = model.subgraphs[0].operators
-    return [i for i, op in enumerate(ops) if op.opcodeIndex in fc and int(op.inputs[1]) not in known]
+    known, ops = _folded(model)[1], model.subgraphs[0].operators
+    return [i for i in sorted(_fc_ops(model)) if int(ops[i].inputs[1]) not in known]
 
 
 def _tensor_map(schema, name: str, index: int):
@@ -196,34 +190,70 @@ def _readers(model) -> tuple[dict[int, int], dict[int, list[int]]]:
     return writer, readers
 
 
-def _risky_outputs(writer: dict[int, int], readers: dict[int, list[int]], outs: set[int], start: int, end: int):
-    """How many outputs of piece [start, end) are read by exactly one of its own operators (``_readers``
-    gives ``writer`` / ``readers``; ``outs`` = the graph's outputs).
+def _fc_ops(model) -> set[int]:
+    """Indices of subgraph 0's FULLY_CONNECTED operators."""
+    schema = _schema()
+    fc = {
+        i
+        for i, c in enumerate(model.operatorCodes)
+        if schema.BuiltinOperator.FULLY_CONNECTED in (c.builtinCode, c.deprecatedBuiltinCode)
+    }
+    return {i for i, op in enumerate(model.subgraphs[0].operators) if op.opcodeIndex in fc}
 
-    Measured on LiteRT 2.3's GPU delegate (SwiftShader): such an output can come back wrong (cosine 0.07 vs
-    the CPU): a decoder LayerNorm's closing ADD, read by one FULLY_CONNECTED inside the piece and by a
-    residual ADD after it, was merged into its reader and never written out. Outputs with no reader or
-    several readers inside the piece came back exact, so pieces are cut where this count is 0.
+
+def _merge_risk(model) -> tuple[set[int], set[int]]:
+    """(FULLY_CONNECTED operators, operators that read a constant: a LayerNorm's closing ADD of its bias)."""
+    const = _constants(model)
+    ops = model.subgraphs[0].operators
+    return _fc_ops(model), {i for i, op in enumerate(ops) if any(int(t) in const for t in op.inputs if t >= 0)}
+
+
+def _risky_outputs(
+    writer: dict[int, int],
+    readers: dict[int, list[int]],
+    outs: set[int],
+    start: int,
+    end: int,
+    risk: tuple[set[int], set[int]],
+) -> tuple[int, int]:
+    """(how many outputs of piece [start, end) are read by exactly one of its own operators, how many of those
+    are written by an operator reading a constant and read by a FULLY_CONNECTED). ``_readers`` gives
+    ``writer`` / ``readers``; ``outs`` = the graph's outputs; ``risk`` = ``_merge_risk``.
+
+    Measured on LiteRT 2.3's GPU delegate (SwiftShader): a LayerNorm's closing ADD, read by one
+    FULLY_CONNECTED inside the piece and by operators after it, is merged into that reader and never written
+    out: its value comes back wrong (a decoder: cosine 0.07 vs the CPU; the full-size memory attention cut
+    after node 191: cosine 0.0, which made the chained check report a false mismatch, notes/issue-18.md,
+    session 25). Outputs with no reader or several readers inside the piece came back exact, and so did those
+    whose one reader there is an ADD, MUL, CONCATENATION or RESHAPE, or a FULLY_CONNECTED reading the sum of
+    two computed tensors (the memory plus its positions: memory attention, session 25).
     """
-    count = 0
+    fc, reads_const = risk
+    count = fused = 0
     for t, w in writer.items():
         if start <= w < end and (t in outs or readers.get(t, [-1])[-1] >= end):
-            count += sum(start <= r < end for r in readers.get(t, [])) == 1
-    return count
+            inside = [r for r in readers.get(t, []) if start <= r < end]
+            count += len(inside) == 1
+            fused += len(inside) == 1 and inside[0] in fc and w in reads_const
+    return count, fused
 
 
 def best_cut(model, start: int, target: int, end: int) -> int:
     """The cut in (start, end) nearest ``target`` whose piece [start, cut) has no risky output (see
-    ``_risky_outputs``), looked for within 10 % of the range either side; if none is clean, the nearest."""
+    ``_risky_outputs``), looked for within 10 % of the range either side. Where none is clean (the memory
+    attention's memory, positions and key bias are read once per layer, so every cut past its first layer
+    hands some of them on), the nearest without the form measured to come back wrong (a constant's ADD read by
+    one FULLY_CONNECTED inside the piece); failing that, the nearest."""
     writer, readers = _readers(model)
-    outs = {int(t) for t in model.subgraphs[0].outputs}
+    outs, risk = {int(t) for t in model.subgraphs[0].outputs}, _merge_risk(model)
     span = max(1, (end - start) // 10)
     options = range(max(start + 1, target - span), min(end - 1, target + span) + 1)
-    return min(
-        options,
-        key=lambda c: (_risky_outputs(writer, readers, outs, start, c) > 0, abs(c - target)),
-        default=target,
-    )
+
+    def key(c: int) -> tuple[bool, bool, int]:
+        count, fused = _risky_outputs(writer, readers, outs, start, c, risk)
+        return fused > 0, count > 0, abs(c - target)
+
+    return min(options, key=key, default=target)
 
 
 def cut(path: str | Path, start: int, end: int) -> Piece:
