@@ -43,7 +43,7 @@ from sam2edge.runtime.video_bundle import (
     video_file,
 )
 
-# int8: the frame encoder is the bundle's int8 encoder; the three video graphs stay fp32 (export.kept.FP32_KEPT)
+# int8: the frame encoder is the bundle's int8 encoder; the three video graphs stay fp32 (export.kept.VIDEO_FP32_KEPT)
 VIDEO_PRECISIONS = ("fp32", "fp16", "int8")
 GRAPH_SET_VIDEO: dict[str, str] = {
     "memory-attention": "vision + K memory slots + P object pointers (validity masks) -> pix_feat 1xCxexe",
@@ -256,8 +256,8 @@ def measure(job, image_backend, bars: dict | None = None) -> dict:
     from sam2edge.checks.fidelity.video import clip, measure_video, run_clip
 
     v = job.state["video"]
-    ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
     if "video_clip" not in job.measured:
+        ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
         job.measured["video_clip"] = run_clip(ref, clip())
     test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"])
-    return measure_video(ref, test, job.precision, bars=bars, want=job.measured["video_clip"])
+    return measure_video(None, test, job.precision, bars=bars, want=job.measured["video_clip"])

@@ -102,7 +102,7 @@ def measure_video(
 ) -> dict:
     """Run the clip on ``ref`` (eager fp32) and ``test``; per-pass, per-frame IoU, latency, bars, failures.
     ``want``: ``run_clip(ref, frames)`` where the caller already ran it (an export that measures two frame
-    encoders against one reference); ``ref`` is then not run."""
+    encoders against one reference); ``ref`` is then not used (None will do)."""
     frames = clip() if frames is None else frames
     timed = Timed(test)
     want = run_clip(ref, frames) if want is None else want
