@@ -39,7 +39,7 @@ def test_cuts_avoid_a_constant_add_merged_into_its_projection(video_bundle_dir, 
     assert not [c for c in range(110, n // 2) if ts._risky_outputs(writer, readers, outs, 0, c, risk)[0] == 0]
     _, feeds = build_feeds(gpu_check._signature_inputs(path), path.parent, 20)
     bad = _piece_cosines(model, feeds, risky[0], tmp_path)
-    assert min(bad.values()) < 0.5, bad  # the delegate merges the ADD away: its output comes back wrong
+    assert any(not c >= 0.5 for c in bad.values()), bad  # the ADD merged away: garbage (NaN some runs)
     for target in risky:
         cut = ts.best_cut(model, 0, target, n)
         assert cut != target and ts._risky_outputs(writer, readers, outs, 0, cut, risk)[1] == 0, (target, cut)
