@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sam2edge.checks.fidelity.metrics import compare  # noqa: E402
 from sam2edge.checks.gpu import check as gpu_check  # noqa: E402
-from sam2edge.checks.gpu.feeds import Feeds, build_feeds  # noqa: E402
+from sam2edge.checks.gpu.feeds import build_feeds  # noqa: E402
 from sam2edge.checks.tflite import slice as ts  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main() -> None:
             p = ts.piece(model, a, b)
             path = Path(tmp) / f"nodes_{a}_{b}.tflite"
             path.write_bytes(p.data)
-            plan = Feeds({f"0/{k}": values[t] for k, t in p.inputs.items()}, [{k: f"0/{k}" for k in p.inputs}])
+            plan = gpu_check.piece_feeds(p.inputs, [values])
             gpu, cpu = (gpu_check.run_on(path, side, plan, 600)[0] for side in ("gpu", "cpu"))
             print(f"piece {a}-{b}:")
             for k, t in p.outputs.items():

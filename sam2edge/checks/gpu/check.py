@@ -247,6 +247,13 @@ def _compare_runs(gpu: dict, cpu: dict, names: list[str], n: int) -> dict[str, d
     }
 
 
+def piece_feeds(inputs: dict[str, int], runs: list[dict[int, np.ndarray]]) -> Feeds:
+    """Feeds for a piece with ``inputs`` (input name -> full-graph tensor index), one run per dict of
+    full-graph tensor values in ``runs``."""
+    arrays = {f"{i}/{k}": values[t] for i, values in enumerate(runs) for k, t in inputs.items()}
+    return Feeds(arrays, [{k: f"{i}/{k}" for k in inputs} for i in range(len(runs))])
+
+
 def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: float, masks: bool, first: int):
     """Whole-graph GPU numerics for a graph too slow for the delegate's 2-minute wait: the graph is cut into
     pieces of consecutive operators (``tflite_slice``); each piece runs whole on the GPU, fed by the earlier
@@ -283,9 +290,7 @@ def _in_pieces(path: Path, feeds: Feeds, cpu: dict, names: list[str], timeout: f
             runs = {}
             try:
                 for side in ("gpu", "cpu"):
-                    arrays = {f"{i}/{k}": values[side][i][t] for i in range(n) for k, t in piece.inputs.items()}
-                    plan = Feeds(arrays, [{k: f"{i}/{k}" for k in piece.inputs} for i in range(n)])
-                    runs[side] = run_on(file, side, plan, timeout)
+                    runs[side] = run_on(file, side, piece_feeds(piece.inputs, values[side]), timeout)
             except WorkerFailed as e:
                 if not any(x in e.log for x in _DEADLINE):
                     raise
