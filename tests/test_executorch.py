@@ -148,6 +148,47 @@ def test_xnnpack_stores_convolutions_fp32_in_fp16_programs():
     assert len(prog.buffer) > SIZE_RATIO_MAX * 2 * (conv_elems + fc_elems) + graph
 
 
+class _Reductions(torch.nn.Module):
+    """The model's reductions: a LayerNorm's means over the last dim and LayerNorm2d's over NCHW channels
+    (``model.layers``' written-out forms), a sum over a middle dim, a mean without keepdim."""
+
+    @staticmethod
+    def _norm(x: torch.Tensor, dim: int) -> torch.Tensor:
+        u = x.mean(dim, keepdim=True)
+        return (x - u) / torch.sqrt(((x - u) ** 2).mean(dim, keepdim=True) + 1e-6)
+
+    def forward(self, tokens, maps):  # (1, 96, 64), (1, 32, 8, 12)
+        return self._norm(tokens, -1), self._norm(maps, 1), tokens.sum(1), maps.mean(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reductions_become_gemms_inside_the_delegate(dtype):
+    """``executorch_lower``: every mean / sum over one dim becomes one GEMM with a constant column (no
+    reduction left for XNNPACK's transposed global pooling), one column per (C, value, dtype), all inside one
+    delegate, and the program equals eager within the dtype's rounding."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.runtime import Runtime
+
+    from sam2edge.export.executorch_lower import export_legalized, lower
+
+    gen = torch.Generator().manual_seed(0)
+    module = _Reductions().eval()
+    args = (torch.randn(1, 96, 64, generator=gen).to(dtype), (torch.randn(1, 32, 8, 12, generator=gen) * 3).to(dtype))
+    ops = [str(n.target) for n in export_legalized(module, args).graph.nodes if n.op == "call_function"]
+    assert not [o for o in ops if "mean" in o or "sum" in o and "cumsum" not in o], ops
+    assert ops.count("aten.linear.default") == 6  # two means per norm, the sum, the mean
+    prog, census = lower(module, args, [XnnpackPartitioner()])
+    counts = census.as_dict()
+    # left outside: the non-keepdim outputs' squeeze views (fp16: scalar constants' casts too)
+    assert counts["delegates"] == 1 and set(counts["outside_delegate"]) <= {"dim_order_ops", "squeeze_copy"}, counts
+    got = Runtime.get().load_program(prog.buffer).load_method("forward").execute(list(args))
+    with torch.no_grad():
+        want = module(*(a.float() for a in args))
+    tol = 1e-5 if dtype == torch.float32 else 4e-3  # fp32 summation order / fp16 rounding
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and (g.float() - w).abs().max() <= tol * w.abs().max(), (g.shape, dtype)
+
+
 def test_bad_inputs_one_line_errors(fp32, tmp_path):
     out, _ = fp32
     backend = ExecuTorchBackend.from_bundle(out)

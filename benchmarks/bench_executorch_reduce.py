@@ -1,0 +1,131 @@
+"""ExecuTorch XNNPACK: a mean over one dim as a GEMM with a constant 1/C column (shipped) or as XNNPACK's
+global average pool over (M, 1, 1, C) (the form before session 26), side by side on the full-size graphs.
+
+    python benchmarks/bench_executorch_reduce.py [--graphs decoder encoder] [--runs 30] [--profile]
+
+For each graph (Hiera-Tiny at 1024 px, random weights), both forms are lowered as the exporter lowers them
+(``executorch_lower.lower``, XNNPACK partitioner), checked against the eager module (largest output error
+relative to its scale, delegate count), then timed in interleaved rounds with the ExecuTorch runtime (its
+default thread pool). ``--profile`` adds each form's ETDump time per XNNPACK operator type. Nothing else
+should run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.runtime import Runtime
+
+from sam2edge.checks.bench.profile import _EtdumpMethod, etdump_node_times
+from sam2edge.config import get_config
+from sam2edge.export import executorch_lower as lowering
+from sam2edge.export.executorch import MAX_POINTS, REWRITES
+from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, decoder_inputs, encoder_inputs
+from sam2edge.model import build_sam2
+
+aten = torch.ops.aten
+
+
+def pooled_mean(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
+    """The previous rule: move the dim last, view as (M, 1, 1, C), global average pool over the last two dims."""
+    x, dims = node.args[0], node.args[1]
+    keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+    shape = list(x.meta["val"].shape)
+    rank = len(shape)
+    if node.kwargs.get("dtype") is not None or dims is None or len(dims) != 1:
+        return None
+    d = dims[0] % rank
+    perm = [i for i in range(rank) if i != d] + [d]
+    y = x if d == rank - 1 else g.call_function(aten.permute.default, (x, perm))
+    c = shape[d]
+    y = g.call_function(aten.reshape.default, (y, [math.prod(shape) // c, 1, 1, c]))  # (M, 1, 1, C)
+    y = g.call_function(aten.mean.dim, (y, [2, 3], True))  # (M, 1, 1, 1)
+    if node.target == aten.sum.dim_IntList:
+        y = g.call_function(aten.mul.Tensor, (y, float(c)))
+    y = g.call_function(aten.reshape.default, (y, [shape[i] for i in range(rank) if i != d] + [1]))
+    if d != rank - 1:
+        y = g.call_function(aten.permute.default, (y, [perm.index(i) for i in range(rank)]))
+    return y if keepdim else g.call_function(aten.squeeze.dims, (y, [d]))
+
+
+FORMS = {"gemm (shipped)": lowering.REWRITES[aten.mean.dim], "global pool (before)": pooled_mean}
+
+
+def lowered(graph: torch.nn.Module, args: tuple, rule, file: Path):
+    """Lower ``graph`` with ``rule`` for means and sums; -> (loaded method, delegates, relative error)."""
+    saved = dict(lowering.REWRITES)
+    lowering.REWRITES.update({aten.mean.dim: rule, aten.sum.dim_IntList: rule})
+    try:
+        prog, census = lowering.lower(graph, args, [XnnpackPartitioner()])
+    finally:
+        lowering.REWRITES.update(saved)
+    file.write_bytes(prog.buffer)
+    method = Runtime.get().load_program(file).load_method("forward")
+    with torch.no_grad():
+        want = graph(*args)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    got = method.execute(list(args))
+    err = max(float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want) if w.is_floating_point())
+    return method, census.delegates, err
+
+
+def profile(file: Path, args: tuple, runs: int) -> dict[str, float]:
+    """ms per run per XNNPACK / portable operator type (ETDump; one warm-up run left out)."""
+    method = _EtdumpMethod(file)
+    for _ in range(runs + 1):
+        method.execute(list(args))
+    nodes, _, _ = etdump_node_times(method.etdump(file.with_suffix(".etdp")), 1)
+    kinds: dict[str, float] = defaultdict(float)
+    for n in nodes:
+        kinds[n.op] += n.ms
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graphs", nargs="+", choices=("decoder", "encoder"), default=["decoder"])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    cfg = get_config("sam2.1-hiera-tiny")
+    torch.manual_seed(0)
+    model = build_sam2(cfg, REWRITES).eval()
+    model.load_state_dict({k: torch.randn_like(v) * 0.05 for k, v in model.state_dict().items()})
+    samples = {
+        "decoder": (XnnDecoderGraph(model).eval(), decoder_inputs(cfg, MAX_POINTS)),
+        "encoder": (XnnEncoderGraph(model).eval(), encoder_inputs(cfg)),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.graphs:
+            graph, sample = samples[name]
+            methods = {}
+            for form, rule in FORMS.items():
+                file = Path(tmp) / f"{name}-{form.split()[0]}.pte"
+                methods[form], delegates, err = lowered(graph, sample, rule, file)
+                print(f"{name} {form}: {delegates} delegate(s), largest output error {err:.1e} of the scale")
+            times = {form: [] for form in methods}
+            for _ in range(args.runs):
+                for form, method in methods.items():
+                    t0 = time.perf_counter()
+                    method.execute(list(sample))
+                    times[form].append((time.perf_counter() - t0) * 1e3)
+            print(f"\n{name}, {args.runs} interleaved runs | p50 ms | p10 - p90")
+            for form, ts in times.items():
+                q = statistics.quantiles(ts, n=10)
+                print(f"  {form:22s} | {statistics.median(ts):7.1f} | {q[0]:.1f} - {q[-1]:.1f}")
+            if args.profile:
+                for form in methods:
+                    kinds = profile(Path(tmp) / f"{name}-{form.split()[0]}.pte", sample, 5)
+                    print(f"  ETDump, {form}: " + ", ".join(f"{k} {ms:.1f}" for k, ms in list(kinds.items())[:6]))
+
+
+if __name__ == "__main__":
+    main()
