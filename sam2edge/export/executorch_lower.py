@@ -8,8 +8,8 @@ delegate accepts (no approximation), and LayerNorm, attention and GELU land insi
     counts) -> move that dim last, view as (M, C) and multiply by a constant (C, 1) column of 1/C (a sum:
     of ones), i.e. one GEMM with static weights. XNNPACK's only reduction, global average pooling, wants
     the reduced dims in an NHWC layout: on (M, 1, 1, C) it ran a transpose and a one-channel pool per
-    mean (full size, ``benchmarks/bench_executorch_reduce.py``: the decoder 0.68x and the encoder 0.91x of
-    the pooled form's time);
+    mean (full size, ``benchmarks/bench_executorch_reduce.py``: the decoder 0.68-0.77x and the encoder 0.91x
+    of the pooled form's time);
   * ``upsample_nearest2d`` by 2 (FPN top-down) -> interleaving concatenations of the input with
     ``input * 1.0`` (exact copies; XNNPACK has no nearest resize and needs two distinct cat inputs);
   * ``select`` (one index of a dim) -> a slice of length 1 and a squeeze;
