@@ -13,7 +13,7 @@ should run meanwhile.
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import statistics
 import tempfile
 import time
@@ -34,33 +34,20 @@ from sam2edge.model import build_sam2
 aten = torch.ops.aten
 
 
-def pooled_mean(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
-    """The previous rule: move the dim last, view as (M, 1, 1, C), global average pool over the last two dims."""
-    x, dims = node.args[0], node.args[1]
-    keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
-    shape = list(x.meta["val"].shape)
-    rank = len(shape)
-    if node.kwargs.get("dtype") is not None or dims is None or len(dims) != 1:
-        return None
-    d = dims[0] % rank
-    perm = [i for i in range(rank) if i != d] + [d]
-    y = x if d == rank - 1 else g.call_function(aten.permute.default, (x, perm))
-    c = shape[d]
-    y = g.call_function(aten.reshape.default, (y, [math.prod(shape) // c, 1, 1, c]))  # (M, 1, 1, C)
+def pooled_rows(g: torch.fx.Graph, rows: torch.fx.Node, c: int, dtype: torch.dtype, total: bool) -> torch.fx.Node:
+    """The previous rule's reduction: (M, C) viewed as (M, 1, 1, C), XNNPACK's global average pool over the last
+    two dims (x C for a sum). ``executorch_lower._reduce_one_dim`` does the moving and viewing around it."""
+    y = g.call_function(aten.reshape.default, (rows, [-1, 1, 1, c]))  # (M, 1, 1, C)
     y = g.call_function(aten.mean.dim, (y, [2, 3], True))  # (M, 1, 1, 1)
-    if node.target == aten.sum.dim_IntList:
-        y = g.call_function(aten.mul.Tensor, (y, float(c)))
-    y = g.call_function(aten.reshape.default, (y, [shape[i] for i in range(rank) if i != d] + [1]))
-    if d != rank - 1:
-        y = g.call_function(aten.permute.default, (y, [perm.index(i) for i in range(rank)]))
-    return y if keepdim else g.call_function(aten.squeeze.dims, (y, [d]))
+    return g.call_function(aten.mul.Tensor, (y, float(c))) if total else y
 
 
-FORMS = {"gemm (shipped)": lowering.REWRITES[aten.mean.dim], "global pool (before)": pooled_mean}
+FORMS = {"gemm (shipped)": lowering.gemm_rows, "global pool (before)": pooled_rows}
 
 
-def lowered(graph: torch.nn.Module, args: tuple, rule, file: Path):
-    """Lower ``graph`` with ``rule`` for means and sums; -> (loaded method, delegates, relative error)."""
+def lowered(graph: torch.nn.Module, args: tuple, reduce_rows, file: Path):
+    """Lower ``graph`` with ``reduce_rows`` in every mean and sum; -> (loaded method, delegates, relative error)."""
+    rule = functools.partial(lowering._reduce_one_dim, reduce_rows=reduce_rows)
     saved = dict(lowering.REWRITES)
     lowering.REWRITES.update({aten.mean.dim: rule, aten.sum.dim_IntList: rule})
     try:
@@ -107,9 +94,9 @@ def main() -> None:
         for name in args.graphs:
             graph, sample = samples[name]
             methods = {}
-            for form, rule in FORMS.items():
+            for form, reduce_rows in FORMS.items():
                 file = Path(tmp) / f"{name}-{form.split()[0]}.pte"
-                methods[form], delegates, err = lowered(graph, sample, rule, file)
+                methods[form], delegates, err = lowered(graph, sample, reduce_rows, file)
                 print(f"{name} {form}: {delegates} delegate(s), largest output error {err:.1e} of the scale")
             times = {form: [] for form in methods}
             for _ in range(args.runs):

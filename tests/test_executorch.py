@@ -174,9 +174,14 @@ def test_reductions_become_gemms_inside_the_delegate(dtype):
     gen = torch.Generator().manual_seed(0)
     module = _Reductions().eval()
     args = (torch.randn(1, 96, 64, generator=gen).to(dtype), (torch.randn(1, 32, 8, 12, generator=gen) * 3).to(dtype))
-    ops = [str(n.target) for n in export_legalized(module, args).graph.nodes if n.op == "call_function"]
-    assert not [o for o in ops if "mean" in o or "sum" in o and "cumsum" not in o], ops
+    legal = export_legalized(module, args)
+    ops = [str(n.target) for n in legal.graph.nodes if n.op == "call_function"]
+    assert not [o for o in ops if "mean" in o or "sum" in o], ops
     assert ops.count("aten.linear.default") == 6  # two means per norm, the sum, the mean
+    columns = sorted(k for k in (*legal.state_dict, *legal.constants) if k.startswith("_xnn_reduce_"))
+    kind = str(dtype).split(".")[-1]  # one column per (C, value, dtype): 4 for the 6 GEMMs
+    want_columns = ((12, "mean"), (32, "mean"), (64, "mean"), (96, "ones"))
+    assert columns == [f"_xnn_reduce_{c}_{v}_{kind}" for c, v in want_columns], columns
     prog, census = lower(module, args, [XnnpackPartitioner()])
     counts = census.as_dict()
     # left outside: the non-keepdim outputs' squeeze views (fp16: scalar constants' casts too)

@@ -54,8 +54,15 @@ def _column(g: torch.fx.Graph, c: int, value: float, dtype: torch.dtype) -> torc
     return g.get_attr(name)
 
 
-def _reduce_one_dim(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
-    """mean/sum over one dim d of any rank -> (M, C) x (C, 1) GEMM with a constant 1/C (sum: ones) column."""
+def gemm_rows(g: torch.fx.Graph, rows: torch.fx.Node, c: int, dtype: torch.dtype, total: bool) -> torch.fx.Node:
+    """(M, C) rows -> (M, 1) means (``total``: sums) as one GEMM with a constant 1/C (ones) column."""
+    return g.call_function(aten.linear.default, (rows, _column(g, c, 1.0 if total else 1.0 / c, dtype)))
+
+
+def _reduce_one_dim(g: torch.fx.Graph, node: torch.fx.Node, reduce_rows=gemm_rows) -> torch.fx.Node | None:
+    """mean/sum over one dim d of any rank -> move d last, view as (M, C) rows, ``reduce_rows`` (default
+    ``gemm_rows``; ``benchmarks/bench_executorch_reduce.py`` passes the former pooled form), back to the
+    reduced shape."""
     x, dims = node.args[0], node.args[1]
     keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
     shape = _shape(x)
@@ -66,9 +73,8 @@ def _reduce_one_dim(g: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | N
     perm = [i for i in range(rank) if i != d] + [d]
     y = x if d == rank - 1 else g.call_function(aten.permute.default, (x, perm))
     c = shape[d]
-    weight = _column(g, c, 1.0 if node.target == aten.sum.dim_IntList else 1.0 / c, x.meta["val"].dtype)
     y = g.call_function(aten.reshape.default, (y, [math.prod(shape) // c, c]))  # (M, C)
-    y = g.call_function(aten.linear.default, (y, weight))  # (M, 1)
+    y = reduce_rows(g, y, c, x.meta["val"].dtype, node.target == aten.sum.dim_IntList)  # (M, 1)
     y = g.call_function(aten.reshape.default, (y, [shape[i] for i in range(rank) if i != d] + [1]))
     if d != rank - 1:
         y = g.call_function(aten.permute.default, (y, [perm.index(i) for i in range(rank)]))
