@@ -16,15 +16,13 @@ import argparse
 import functools
 import statistics
 import tempfile
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.runtime import Runtime
 
-from sam2edge.checks.bench.profile import _EtdumpMethod, etdump_node_times
+from sam2edge.checks.bench.profile import etdump_kinds, interleaved_ms
 from sam2edge.config import get_config
 from sam2edge.export import executorch_lower as lowering
 from sam2edge.export.executorch import MAX_POINTS, REWRITES
@@ -64,18 +62,6 @@ def lowered(graph: torch.nn.Module, args: tuple, reduce_rows, file: Path):
     return method, census.delegates, err
 
 
-def profile(file: Path, args: tuple, runs: int) -> dict[str, float]:
-    """ms per run per XNNPACK / portable operator type (ETDump; one warm-up run left out)."""
-    method = _EtdumpMethod(file)
-    for _ in range(runs + 1):
-        method.execute(list(args))
-    nodes, _, _ = etdump_node_times(method.etdump(file.with_suffix(".etdp")), 1)
-    kinds: dict[str, float] = defaultdict(float)
-    for n in nodes:
-        kinds[n.op] += n.ms
-    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", nargs="+", choices=("decoder", "encoder"), default=["decoder"])
@@ -98,19 +84,15 @@ def main() -> None:
                 file = Path(tmp) / f"{name}-{form.split()[0]}.pte"
                 methods[form], delegates, err = lowered(graph, sample, reduce_rows, file)
                 print(f"{name} {form}: {delegates} delegate(s), largest output error {err:.1e} of the scale")
-            times = {form: [] for form in methods}
-            for _ in range(args.runs):
-                for form, method in methods.items():
-                    t0 = time.perf_counter()
-                    method.execute(list(sample))
-                    times[form].append((time.perf_counter() - t0) * 1e3)
+            calls = {form: functools.partial(method.execute, list(sample)) for form, method in methods.items()}
+            times = interleaved_ms(calls, args.runs)
             print(f"\n{name}, {args.runs} interleaved runs | p50 ms | p10 - p90")
             for form, ts in times.items():
                 q = statistics.quantiles(ts, n=10)
                 print(f"  {form:22s} | {statistics.median(ts):7.1f} | {q[0]:.1f} - {q[-1]:.1f}")
             if args.profile:
                 for form in methods:
-                    kinds = profile(Path(tmp) / f"{name}-{form.split()[0]}.pte", sample, 5)
+                    kinds = etdump_kinds(Path(tmp) / f"{name}-{form.split()[0]}.pte", list(sample), 5)
                     print(f"  ETDump, {form}: " + ", ".join(f"{k} {ms:.1f}" for k, ms in list(kinds.items())[:6]))
 
 

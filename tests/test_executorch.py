@@ -194,6 +194,57 @@ def test_reductions_become_gemms_inside_the_delegate(dtype):
         assert g.shape == w.shape and (g.float() - w).abs().max() <= tol * w.abs().max(), (g.shape, dtype)
 
 
+class _Counted:
+    """A program's ``execute``, counted."""
+
+    def __init__(self, method) -> None:
+        self.method, self.calls = method, 0
+
+    def execute(self, inputs):
+        self.calls += 1
+        return self.method.execute(inputs)
+
+
+def test_runtime_runs_the_prep_once_per_image_and_a_given_decoder_per_click(fp32):
+    """decoder_prep.pte runs in encode (set_image), not in a click; a mask input changes the projections, so
+    that click runs it once more; Features made elsewhere get it on their first click. decoder_cpu.pte (given
+    the projections) answers what decoder.pte (card 002's contract program) answers, for every prompt kind."""
+    from sam2edge.runtime.backends import Features
+
+    out, card = fp32
+    roles = {a["file"]: a.get("role") for a in card["artifacts"]}
+    assert roles["decoder_prep.pte"] == "decoder-prep" and roles["decoder_cpu.pte"] == "decoder-cpu"
+    contract = card["fidelity"]["checks"]["contract_decoder"]  # decoder.pte measured like the bundle
+    assert contract["decoder"] == "decoder.pte" and not contract["failures"]
+    assert min(m["cosine"] for m in contract["outputs"].values()) >= FP32_COSINE
+    backend = ExecuTorchBackend.from_bundle(out)
+    assert backend.decoder_file == "decoder_cpu.pte"
+    one = ExecuTorchBackend(out, CFG, decoder="decoder.pte")
+    assert one.prep is None
+    backend.prep = prep = _Counted(backend.prep)
+    image = np.random.default_rng(0).standard_normal((1, 3, CFG.image_size, CFG.image_size)).astype(np.float32)
+    feats = backend.encode(image)
+    assert prep.calls == 1 and len(feats.prepared) == 1
+    mask = np.random.default_rng(1).standard_normal((1, 1, 64, 64)).astype(np.float32)
+    prompts = [  # a click + pad, two clicks + pad, a box, a box + click; the last with a mask input
+        (np.array([[[40.0, 60.0], [0.0, 0.0]]]), np.array([[1, -1]]), None),
+        (np.array([[[40.0, 60.0], [200.0, 90.0], [0.0, 0.0]]]), np.array([[1, 0, -1]]), None),
+        (np.array([[[30.0, 40.0], [180.0, 220.0]]]), np.array([[2, 3]]), None),
+        (np.array([[[30.0, 40.0], [180.0, 220.0], [100.0, 120.0]]]), np.array([[2, 3, 1]]), mask),
+    ]
+    for coords, labels, m in prompts:
+        got, ref = backend.decode(feats, coords, labels, m), one.decode(feats, coords, labels, m)
+        for name in ("masks", "iou", "single_mask", "single_iou", "object_score"):
+            a, b = getattr(got, name), getattr(ref, name)
+            assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max()), name
+    assert prep.calls == 2  # the mask-input click only
+    bare = Features(feats.image_embed, feats.feat_s0, feats.feat_s1)  # e.g. read back from an embeddings file
+    again = backend.decode(bare, *prompts[0][:2], None)
+    backend.decode(bare, *prompts[0][:2], None)
+    assert prep.calls == 3
+    np.testing.assert_array_equal(again.masks, backend.decode(feats, *prompts[0][:2], None).masks)
+
+
 def test_bad_inputs_one_line_errors(fp32, tmp_path):
     out, _ = fp32
     backend = ExecuTorchBackend.from_bundle(out)
@@ -210,7 +261,7 @@ def test_bad_inputs_one_line_errors(fp32, tmp_path):
     with pytest.raises(UserError, match="decoder.pte does not match its size / SHA-256"):  # the bundle check
         ExecuTorchBackend.from_bundle(bad)
     with pytest.raises(UserError, match="not a loadable ExecuTorch program"):  # the runtime's own check
-        ExecuTorchBackend(bad, CFG)
+        ExecuTorchBackend(bad, CFG, decoder="decoder.pte")
     # the CLI: one line on stderr, exit 2, no traceback (corrupt .pte; 16 clicks + pad = 17 > 16 slots)
     clicks = [a for i in range(MAX_POINTS) for a in ("--point", f"{20 + 10 * i},{30 + 5 * i}")]
     for bundle, extra in ((bad, ["--point", "100,100"]), (out, clicks)):

@@ -218,7 +218,10 @@ def test_card_precision_section_shows_measured_iou_and_fp32_kept():
     card = {"precision": "int8", "extra": {"fp32_kept": fp32_kept("executorch", "int8")}}
     text = "\n".join(precision_section(card, fid))
     assert "| mask IoU worst | 0.96120 | >= 0.95 | pass |" in text and "median" not in text.split("Kept")[0]
-    assert "| decoder.pte (prompt encoder + mask decoder) | a click is not GEMM-bound" in text
+    assert (
+        "| decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder) | a click is not GEMM-bound"
+        in text
+    )
     fid16 = {"end_to_end": {"clicks": 40, "iou_worst": 0.9932, "iou_median": 0.9985}, "bars": BARS["fp16"]}
     text = "\n".join(precision_section({"precision": "fp16", "extra": {}}, fid16))
     assert "| mask IoU median | 0.99850 | >= 0.999 | FAIL |" in text and "not recorded" in text

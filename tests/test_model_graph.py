@@ -27,6 +27,11 @@ ALL_REWRITES = [
     )
     # the fold touches only the attention, the matmul transposed conv only the upscaling: one LayerNorm form each
     if (f == "projected" or n == "native") and (t != "matmul" or (n == "native" and f == "projected"))
+] + [  # channels-last upscaling: every transposed conv, norm and mask head form it composes with
+    Rewrites(transposed_conv=t, layer_norm=n, mask_head=h, upscale_layout="nhwc")
+    for t, n, h in itertools.product(
+        ("zero_stuff", "native", "matmul"), ("scaled", "native"), ("channel_sum", "matmul")
+    )
 ]
 
 
@@ -196,8 +201,14 @@ def test_texture_limit_splits_attention_without_changing_results(sd):
 
 @pytest.mark.parametrize(
     "rw",
-    [UPSTREAM, Rewrites(), Rewrites(attention_rank=3, texture_limit=16), Rewrites(token_fold="folded")],
-    ids=["upstream", "gpu", "rank3-sliced", "folded"],
+    [
+        UPSTREAM,
+        Rewrites(),
+        Rewrites(attention_rank=3, texture_limit=16),
+        Rewrites(token_fold="folded"),
+        Rewrites(transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc"),
+    ],
+    ids=["upstream", "gpu", "rank3-sliced", "folded", "nhwc"],
 )
 def test_one_image_row_for_many_prompts_equals_repeated_rows(sd, rw):
     """Batched decoding hands the decoder ONE image row for B prompts (the first two-way layer projects it

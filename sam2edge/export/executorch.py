@@ -40,24 +40,32 @@ from sam2edge.export.executorch_graphs import (
     XnnBatchedDecoderGraph,
     XnnDecoderGraph,
     XnnEncoderGraph,
+    XnnGivenDecoderGraph,
+    XnnImageProjectionsGraph,
     batched_decoder_inputs,
     decoder_inputs,
     encoder_inputs,
+    given_decoder_inputs,
 )
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.runtime.executorch_backend import (
     BATCHED_DECODER_FILE,
+    DECODER_CPU_FILE,
     DECODER_FILE,
+    DECODER_PREP_FILE,
     ENCODER_FILE,
     MAX_POINTS,
     ExecuTorchBackend,
 )
 
 # the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
-# decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18)
-REWRITES = Rewrites(transposed_conv="matmul", texture_limit=0)  # XNNPACK: no texture limits
+# decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18); the upscaling
+# channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK, 43.0 -> 41.0 ms per
+# full-size click (benchmarks/bench_executorch_decoder.py, notes/issue-16.md, session 28). LiteRT's CPU decoder
+# stays NCHW: its converter places the transposes itself, and channels-last ran 1.6-2.3 ms slower there.
+REWRITES = Rewrites(transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc", texture_limit=0)
 # (no token_fold: 16 prompt slots make 22 tokens, and 8 heads x 22 > the inner width 128: folding would cost more)
 FP32_COSINE = BARS["fp32"]["min_cosine"]
 ACCURACY_BAR = BARS["int8"]["min_iou_worst"]  # int8's worst end-to-end mask IoU vs the fp32 pipeline
@@ -206,10 +214,14 @@ def decoder_model(job) -> Sam2ImageModel:
 
 
 def _graphs(job) -> dict:
-    decoder = decoder_model(job)  # fp32 at every precision: both decoders (FP32_KEPT, notes/issue-15.md)
+    decoder = decoder_model(job)  # fp32 at every precision: every decoder (FP32_KEPT, notes/issue-15.md)
+    click = decoder_inputs(job.cfg, MAX_POINTS)
     return {
         ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
-        DECODER_FILE: ("decoder", XnnDecoderGraph(decoder), decoder_inputs(job.cfg, MAX_POINTS)),
+        DECODER_FILE: ("decoder", XnnDecoderGraph(decoder), click),
+        # what the runtime runs: the image projections once per image, then a decoder given them
+        DECODER_PREP_FILE: ("decoder-prep", XnnImageProjectionsGraph(decoder), (click[0], *click[5:])),
+        DECODER_CPU_FILE: ("decoder-cpu", XnnGivenDecoderGraph(decoder), given_decoder_inputs(decoder, click)),
         BATCHED_DECODER_FILE: (
             "decoder-batched",
             XnnBatchedDecoderGraph(decoder),
@@ -218,10 +230,23 @@ def _graphs(job) -> dict:
     }
 
 
-def _backend(job) -> ExecuTorchBackend:
-    """The staged bundle's backend, with the batched decoder when the job wrote it."""
+def _backend(job, decoder: str | None = None) -> ExecuTorchBackend:
+    """The staged bundle's backend (``decoder`` None: the prep + decoder_cpu.pte pair, as the runtime runs
+    it), with the batched decoder when the job wrote it."""
     batched = BATCHED_DECODER_FILE if BATCHED_DECODER_FILE in job.files else None
-    return ExecuTorchBackend(job.folder, job.cfg, batched=batched)
+    return ExecuTorchBackend(job.folder, job.cfg, batched=batched, decoder=decoder)
+
+
+def contract_decoder_fidelity(job) -> dict:
+    """``decoder.pte`` (card 002's one-decoder contract, for apps that run it alone) measured like the
+    bundle (whose runtime runs the prep + ``decoder_cpu.pte``): same measurement, same bars; its failures
+    fail the bundle. The reference and the encoder's outputs are the job's, computed once for both."""
+    from sam2edge.checks.fidelity.measure import measure_backend
+
+    backend = job.tested(_backend(job, DECODER_FILE))
+    m = measure_backend(job.reference(), backend, job.precision, clicks=job.clicks)
+    fails = [f"{DECODER_FILE} (the contract decoder): {f}" for f in m["failures"]]
+    return {"decoder": DECODER_FILE, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
 
 
 def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
@@ -266,6 +291,10 @@ def _extra(job) -> dict:
         "outside_delegate_why": outside_why(job.state["census"]),
         "sizes": job.state["sizes"],
         "rewrites": REWRITES.__dict__,
+        "decoders": {
+            "runtime": f"{DECODER_PREP_FILE} once per image and mask input, then {DECODER_CPU_FILE} per click",
+            "contract": f"{DECODER_FILE}: the same answers from one program (card 002's I/O)",
+        },
         "prompt_layout": (
             f"points [1,1,{MAX_POINTS},2] / labels [1,1,{MAX_POINTS}] int64: box corners (2, 3), points (1, 0), "
             "one pad (-1), then ignored slots (-2); (X, Y) in model-input pixels"
@@ -328,6 +357,10 @@ SPEC = TargetSpec(
     extra=_extra,
     summary=summary,
     model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
-    checks={"size": size_check, "batched_decoder": lambda job: bat.check_batched(job, _backend(job))},
+    checks={
+        "size": size_check,
+        "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),
+        "contract_decoder": contract_decoder_fidelity,
+    },
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )

@@ -6,8 +6,11 @@
     points [1,1,N,2] float (X, Y) model-input pixels, labels [1,1,N] int64 (1 fg, 0 bg, 2/3 box corners,
     -1 not-a-point pad, -2 ignored slot), mask_input [1,1,4e,4e] logits, has_mask_input [1] (0.0 / 1.0)
     -> masks [1,3,4e,4e], iou_scores [1,3], single_mask [1,1,4e,4e], single_iou [1,1], object_score [1,1].
+``decoder_prep.pte`` = ``XnnImageProjectionsGraph``: image_embed, mask_input, has_mask_input -> image_q,
+    image_k, image_v [1,e*e,Ci] (per image and mask input); ``decoder_cpu.pte`` = ``XnnGivenDecoderGraph``:
+    decoder.pte's inputs + those three -> decoder.pte's outputs (what the runtime runs per click).
 
-Both compute what ``EncoderGraph`` / ``PointDecoderGraph`` compute, with every constant that is a function
+They compute what ``EncoderGraph`` / ``PointDecoderGraph`` compute, with every constant that is a function
 of a few parameters recomputed in the graph instead of stored, so a program holds its parameters and no
 more: the window position embedding (bicubic resize of ``pos_embed`` as two matrix products with the exact
 bicubic weights, plus ``pos_embed_window`` added per window: 25 MB at 1024 if baked), the image positional
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sam2edge.model import Sam2ImageModel
+from sam2edge.model.mask_decoder import ImageProjections
 
 
 def bicubic_matrix(src: int, dst: int) -> torch.Tensor:
@@ -82,28 +86,62 @@ class XnnDecoderGraph(nn.Module):
         self.register_buffer("pe_grid", grid.reshape(1, e * e, 2))  # (1, e*e, 2) cell centres in [0, 1]
 
     def image_pe(self) -> torch.Tensor:
-        """pe_layer.dense(e) recomputed: (1, C, e, e)."""
-        e = self.model.cfg.image_embedding_size
-        pe = self.points.pe_layer.encode(self.pe_grid)  # (1, e*e, C)
-        return pe.transpose(1, 2).reshape(1, -1, e, e)  # (1, C, e, e)
+        """pe_layer.dense(e) recomputed, as rows (1, e*e, C) (the transformer's layout: no round trip)."""
+        return self.points.pe_layer.encode(self.pe_grid)  # (1, e*e, C)
+
+    def dense(self, mask_input: torch.Tensor, has_mask_input: torch.Tensor) -> torch.Tensor:
+        """The dense prompt (1, C, e, e): the mask input's encoding where has_mask_input is 1.0, else the
+        no-mask embedding broadcast over e x e."""
+        pe = self.model.sam_prompt_encoder
+        dt = self.model.no_mem_embed.dtype
+        has = has_mask_input.to(dt).reshape(1, 1, 1, 1)
+        no_mask = pe.no_mask_embed.weight.reshape(1, -1, 1, 1)  # (1, C, 1, 1), broadcast over e x e
+        return has * pe.embed_mask(mask_input.to(dt)) + (1.0 - has) * no_mask  # (1, C, e, e)
 
     def forward(self, image_embed, feat_s0, feat_s1, points, labels, mask_input, has_mask_input):
+        return self.decode(image_embed, feat_s0, feat_s1, points, labels, self.dense(mask_input, has_mask_input))
+
+    def decode(self, image_embed, feat_s0, feat_s1, points, labels, dense, given: ImageProjections | None = None):
+        """The decoder on a dense prompt (``dense``); ``given``: its first layer's image projections
+        (``XnnImageProjectionsGraph`` of the same image and mask input), not computed again."""
         m = self.model
         dt = m.no_mem_embed.dtype
-        pe = m.sam_prompt_encoder
         n = points.shape[2]
         coords = points.reshape(1, n, 2)  # (1, N, 2)
         lab = labels.reshape(1, n).to(torch.float32)  # (1, N)
         valid = (lab != -2).to(dt)  # (1, N): ignored slots are removed as attention keys
         sparse = self.points.embed_points(coords, lab).to(dt)  # (1, N, C)
-        has = has_mask_input.to(dt).reshape(1, 1, 1, 1)
-        no_mask = pe.no_mask_embed.weight.reshape(1, -1, 1, 1)  # (1, C, 1, 1), broadcast over e x e
-        dense = has * pe.embed_mask(mask_input.to(dt)) + (1.0 - has) * no_mask  # (1, C, e, e)
-        dec = m.sam_mask_decoder
-        masks, iou, obj = dec(
-            image_embed.to(dt), self.image_pe().to(dt), sparse, dense, feat_s0.to(dt), feat_s1.to(dt), valid
+        masks, iou, obj = m.sam_mask_decoder(
+            image_embed.to(dt), self.image_pe().to(dt), sparse, dense, feat_s0.to(dt), feat_s1.to(dt), valid, given
         )
         return tuple(t.float() for t in m.answers(masks, iou, obj))
+
+
+class XnnImageProjectionsGraph(XnnDecoderGraph):
+    """``decoder_prep.pte`` (card role decoder-prep): image_embed [1,C,e,e], mask_input [1,1,4e,4e],
+    has_mask_input [1] (as ``XnnDecoderGraph``'s) -> image_q, image_k, image_v [1,e*e,Ci]: the decoder's
+    first-layer projections of the image side (``MaskDecoder.image_projections``), which do not depend on
+    the prompt's points: run once per image (and per mask input), not per click."""
+
+    def forward(self, image_embed, mask_input, has_mask_input):
+        m = self.model
+        dt = m.no_mem_embed.dtype
+        dense = self.dense(mask_input, has_mask_input)
+        given = m.sam_mask_decoder.image_projections(image_embed.to(dt), self.image_pe().to(dt), dense)
+        return tuple(t.float() for t in given)
+
+
+class XnnGivenDecoderGraph(XnnDecoderGraph):
+    """``decoder_cpu.pte`` (card role decoder-cpu): ``XnnDecoderGraph``'s inputs plus image_q, image_k,
+    image_v [1,e*e,Ci] from ``XnnImageProjectionsGraph`` of the same image_embed and mask input; the same
+    outputs, without the three image projections a click would otherwise compute (0.8 of the decoder's
+    3.6 GFLOP at 1024 px)."""
+
+    def forward(self, image_embed, feat_s0, feat_s1, points, labels, mask_input, has_mask_input, q, k, v):
+        dt = self.model.no_mem_embed.dtype
+        given = ImageProjections(q.to(dt), k.to(dt), v.to(dt))
+        dense = self.dense(mask_input, has_mask_input)
+        return self.decode(image_embed, feat_s0, feat_s1, points, labels, dense, given)
 
 
 class XnnBatchedDecoderGraph(XnnDecoderGraph):
@@ -132,6 +170,14 @@ def batched_decoder_inputs(cfg, batch: int, n: int = 2) -> tuple[torch.Tensor, .
     """Sample inputs of ``XnnBatchedDecoderGraph``: B grid prompts (a click + upstream's pad point)."""
     emb, s0, s1, pts, labels, _, _ = decoder_inputs(cfg, n)
     return emb, s0, s1, pts.reshape(1, n, 2).repeat(batch, 1, 1), labels.reshape(1, n).repeat(batch, 1)
+
+
+def given_decoder_inputs(model: Sam2ImageModel, click: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Inputs of ``XnnGivenDecoderGraph``: ``click`` (``XnnDecoderGraph``'s inputs, e.g. ``decoder_inputs``) plus
+    the projections ``XnnImageProjectionsGraph`` makes of its image and mask input."""
+    with torch.no_grad():
+        given = XnnImageProjectionsGraph(model)(click[0], *click[5:])
+    return (*click, *given)
 
 
 def encoder_inputs(cfg) -> tuple[torch.Tensor]:

@@ -26,11 +26,14 @@ _INT8_DECODER = "a click is not GEMM-bound (4.2 M parameters), so only the encod
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "executorch": {
         "fp16": {
-            "decoder.pte and decoder_batched.pte (prompt encoder + mask decoder)": _DECODER_FP16,
+            "decoder.pte, decoder_cpu.pte + decoder_prep.pte and decoder_batched.pte (prompt encoder + mask decoder)": (
+                _DECODER_FP16
+            ),
             "graph inputs and outputs": _IO,
         },
         "int8": {
-            "decoder.pte (prompt encoder + mask decoder)": _INT8_DECODER + "; its int8 lowering also fails in "
+            "decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder)": _INT8_DECODER
+            + "; its int8 lowering also fails in "
             "XNNPACK's ChannelsLastTaggedReshapePass",
             "encoder outside the Linear layers": "dynamic int8 covers Linear layers only (XNNPACK quantizer)",
         },

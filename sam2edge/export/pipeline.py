@@ -46,8 +46,10 @@ from sam2edge.targets import Target, get_target, resolve
 GRAPH_SET: dict[str, str] = {
     "encoder": "image 1x3xSxS -> image_embeddings 1xCxexe, feat_s0, feat_s1",
     "decoder": "features + prompt -> masks 1x3, iou 1x3, single_mask, single_iou, object_score",
-    "decoder-cpu": "the decoder built with CPU-friendly Rewrites, same outputs (CPU runtimes load it)",
-    "decoder-prep": "image_embeddings + dense_prompt -> the decoder's first-layer image projections (per image)",
+    "decoder-cpu": "the decoder a CPU runtime runs per click (CPU-friendly Rewrites, given decoder-prep's "
+    "projections), same outputs",
+    "decoder-prep": "image_embeddings + the dense prompt (or the mask input it comes from) -> the decoder's "
+    "first-layer image projections (per image and mask input)",
     "mask-encoder": "mask_input 1x1x4ex4e logits -> dense_prompt 1xCxexe",
     "decoder-batched": "features + B prompts (B fixed, options batch) -> the decoder's outputs with B rows",
     **vid.GRAPH_SET_VIDEO,  # --video: memory attention, memory encoder, video decoder

@@ -43,6 +43,11 @@ class Rewrites:
     # queries and the bias row to k^T, so the score product adds it (K = d + 1; no separate ADD over the
     # Nq x Nk scores); "added": scores + bias. Kept keys add an exact 0 either way
     key_bias: str = "folded"
+    # the mask decoder's output upscaling, its LayerNorm2d and mask head: "nchw" as upstream; "nhwc" channels-last
+    # from the transformer's (B, HW, C) image to the (B, 4e, 4e, C/8) features, so each 2x2 transposed conv
+    # (``transposed_conv="matmul"``) is one GEMM on the last dim and the channel norm reduces the last dim, with
+    # no layout transposes between them (exact: the same sums; only feat_s0 / feat_s1 are permuted, once)
+    upscale_layout: str = "nchw"
 
     def __post_init__(self) -> None:
         checks = {
@@ -55,6 +60,7 @@ class Rewrites:
             "token_fold": (self.token_fold, ("folded", "projected")),
             "rope_keys": (self.rope_keys, ("transposed", "rows")),
             "key_bias": (self.key_bias, ("folded", "added")),
+            "upscale_layout": (self.upscale_layout, ("nchw", "nhwc")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
@@ -260,13 +266,18 @@ class LayerNorm2d(nn.Module):
         self.eps, self.normalize = eps, NORMALIZERS.get(rw.layer_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight[:, None, None] * self._normalized(x, 1) + self.bias[:, None, None]
+
+    def channels_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm of (B, H, W, C): over the last dim."""
+        return self._normalized(x, -1) * self.weight + self.bias
+
+    def _normalized(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.normalize is not None:
-            x = self.normalize(x, 1, self.eps)
-        else:
-            u = x.mean(1, keepdim=True)
-            s = (x - u).pow(2).mean(1, keepdim=True)
-            x = (x - u) / torch.sqrt(s + self.eps)
-        return self.weight[:, None, None] * x + self.bias[:, None, None]
+            return self.normalize(x, dim, self.eps)
+        u = x.mean(dim, keepdim=True)
+        s = (x - u).pow(2).mean(dim, keepdim=True)
+        return (x - u) / torch.sqrt(s + self.eps)
 
 
 class MLP(nn.Module):
@@ -351,8 +362,19 @@ class UpConv2x2(nn.Module):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        O = self.bias.shape[0]
-        y = F.linear(x.reshape(B, C, H * W).transpose(1, 2), self.mm_weight, self.mm_bias)  # (B, HW, 4O): (a, b, o)
+        return self._matmul_nhwc(x.reshape(B, C, H * W).transpose(1, 2), H).permute(0, 3, 1, 2)  # (B, O, 2H, 2W)
+
+    def channels_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map on (B, H, W, Cin) -> (B, 2H, 2W, Cout)."""
+        B, H, W, C = x.shape
+        if self.form == "matmul":
+            return self._matmul_nhwc(x.reshape(B, H * W, C), H)
+        return self.forward(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+    def _matmul_nhwc(self, x: torch.Tensor, H: int) -> torch.Tensor:
+        """x (B, HW, Cin), rows in raster order of H rows -> (B, 2H, 2W, Cout)."""
+        B, HW, _ = x.shape
+        W, O = HW // H, self.bias.shape[0]
+        y = F.linear(x, self.mm_weight, self.mm_bias)  # (B, HW, 4O): (a, b, o)
         y = y.reshape(B * H, W, 2, 2 * O).transpose(1, 2)  # (B*H, 2 (a), W, 2O (b, o))
-        y = y.reshape(B, 2 * H, 2 * W, O)  # (B, 2H, 2W, O): row 2i+a, column 2j+b
-        return y.permute(0, 3, 1, 2)  # (B, O, 2H, 2W)
+        return y.reshape(B, 2 * H, 2 * W, O)  # (B, 2H, 2W, O): row 2i+a, column 2j+b

@@ -28,6 +28,14 @@ class ImageProjections(NamedTuple):
     image_v: torch.Tensor  # BxHWxCi: token->image attention's v_proj(image)
 
 
+def pe_rows(image_pe: torch.Tensor) -> torch.Tensor:
+    """The image positional encoding as rows: (B, C, H, W) -> (B, HW, C); rows (B, HW, C) pass as they are."""
+    if image_pe.dim() == 3:
+        return image_pe
+    B, C, H, W = image_pe.shape
+    return image_pe.reshape(B, C, H * W).transpose(1, 2)  # (B, HW, C)
+
+
 class Attention(nn.Module):
     """Projected multi-head attention; internal width = dim / downsample_rate."""
 
@@ -182,14 +190,15 @@ class TwoWayTransformer(nn.Module):
         rows: torch.Tensor | None = None,
         given: ImageProjections | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """image, image_pe: BxCxHxW; tokens: BxTxC; token_bias: BxT or None -> (tokens BxTxC, image BxHWxC).
+        """image BxCxHxW, image_pe (1|B)xCxHxW or its rows (1|B)xHWxC; tokens: BxTxC; token_bias: BxT or None ->
+        (tokens BxTxC, image BxHWxC).
 
         ``rows`` (Bx1x1 ones) with a 1xCxHxW image: one image for B prompt rows (batched decoding); the
         first layer works on it once where the prompt does not enter and returns B rows. ``given``: the
         first layer's image projections (``MaskDecoder.image_projections``), not computed again."""
         B, C, H, W = image.shape
         keys = image.reshape(B, C, H * W).transpose(1, 2)  # (1|B, HW, C)
-        key_pe = image_pe.reshape(image_pe.shape[0], C, H * W).transpose(1, 2)  # (1|B, HW, C)
+        key_pe = pe_rows(image_pe)  # (1|B, HW, C)
         queries = tokens
         for i, layer in enumerate(self.layers):
             queries, keys = layer(queries, keys, tokens, key_pe, token_bias, rows, given if i == 0 else None)
@@ -207,6 +216,7 @@ class MaskDecoder(nn.Module):
         self.num_mask_tokens = n
         self.delta, self.thresh = cfg.stability_delta, cfg.stability_thresh
         self.channel_sum_head = rw.mask_head == "channel_sum"
+        self.channels_last = rw.upscale_layout == "nhwc"
         self.transformer = TwoWayTransformer(cfg, rw)
         self.iou_token = nn.Embedding(1, d)
         self.mask_tokens = nn.Embedding(n, d)
@@ -240,13 +250,13 @@ class MaskDecoder(nn.Module):
 
     def image_projections(self, image_embed: torch.Tensor, image_pe: torch.Tensor, dense: torch.Tensor):
         """The prompt-independent part of a decode: the first layer's projections of the image side, from
-        image_embed BxCxexe + dense BxCxexe (the no-mask table or a mask encoding) and image_pe 1xCxexe ->
+        image_embed BxCxexe + dense BxCxexe (the no-mask table or a mask encoding) and image_pe 1xCxexe (or rows) ->
         ``ImageProjections`` (BxHWxCi each). The same operations as inside ``forward_tokens``, so a decode
         ``given`` them equals one without (bit for bit in eager); computed once per image (and mask input),
         they take 3 of the decoder's projections (0.8 of 3.6 GFLOP at 1024 px) out of every click."""
         B, C, H, W = image_embed.shape
         src = (image_embed + dense).reshape(B, C, H * W).transpose(1, 2)  # (B, HW, C): the keys
-        k = src + image_pe.reshape(1, C, H * W).transpose(1, 2)  # (B, HW, C): keys + key_pe
+        k = src + pe_rows(image_pe)  # (B, HW, C): keys + key_pe
         first = self.transformer.layers[0]
         t2i = first.cross_attn_token_to_image
         return ImageProjections(first.cross_attn_image_to_token.q_proj(k), t2i.k_proj(k), t2i.v_proj(src))
@@ -262,7 +272,8 @@ class MaskDecoder(nn.Module):
         sparse_valid: torch.Tensor | None = None,
         given: ImageProjections | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """image_embed Bx C x e x e (no_mem added); image_pe 1xCxexe; sparse BxNxC; dense BxCxexe;
+        """image_embed Bx C x e x e (no_mem added); image_pe 1xCxexe (or its rows 1x(e*e)xC, as a graph that
+        computes it per pixel makes it: no layout round trip); sparse BxNxC; dense BxCxexe;
         feat_s0 Bx(C/8)x4ex4e; feat_s1 Bx(C/4)x2ex2e -> (masks Bx4x4ex4e, iou Bx4, object_score Bx1,
         mask tokens Bx4xC: the decoder's output tokens, from which the video model makes object pointers).
         image_embed and dense may have 1 row for B prompts (batched decoding: the image-side work that
@@ -286,15 +297,20 @@ class MaskDecoder(nn.Module):
         # one image for B prompts (batched decoding): the transformer's first layer uses it once
         rows = torch.ones_like(sparse[:, :1, :1]) if src.shape[0] < B else None  # (B, 1, 1) or None
         hs, src = self.transformer(src, image_pe, tokens, token_bias, rows, given)  # (B, T, C), (B, e*e, C)
-        _, c, h, w = image_embed.shape
-        src = src.transpose(1, 2).reshape(B, c, h, w)  # (B, C, e, e)
-        up1, ln1, act1, up2, act2 = self.output_upscaling
-        x = act1(ln1(up1(src) + feat_s1))  # (B, C/4, 2e, 2e)
-        x = act2(up2(x) + feat_s0)  # (B, C/8, 4e, 4e)
         mask_tokens = hs[:, 2 : 2 + self.num_mask_tokens, :]  # (B, n, C)
         hyper_in = torch.stack(
             [mlp(mask_tokens[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)], dim=1
         )  # (B, n, C/8)
+        _, c, h, w = image_embed.shape
+        up1, ln1, act1, up2, act2 = self.output_upscaling
+        if self.channels_last:
+            x = src.reshape(B, h, w, c)  # (B, e, e, C): the transformer's rows are raster order
+            x = act1(ln1.channels_last(up1.channels_last(x) + feat_s1.permute(0, 2, 3, 1)))  # (B, 2e, 2e, C/4)
+            x = act2(up2.channels_last(x) + feat_s0.permute(0, 2, 3, 1))  # (B, 4e, 4e, C/8)
+            return self._masks_nhwc(x, hyper_in), *self._scores(hs), mask_tokens
+        src = src.transpose(1, 2).reshape(B, c, h, w)  # (B, C, e, e)
+        x = act1(ln1(up1(src) + feat_s1))  # (B, C/4, 2e, 2e)
+        x = act2(up2(x) + feat_s0)  # (B, C/8, 4e, 4e)
         _, c8, H, W = x.shape
         if self.channel_sum_head:
             # hyper_in @ x as per-token weighted channel sums: no (C/8, 16e^2) axis (65536 at 1024 px)
@@ -304,9 +320,21 @@ class MaskDecoder(nn.Module):
             masks = torch.cat(sums, dim=1)  # (B, n, 4e, 4e)
         else:
             masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
-        iou = self.iou_prediction_head(hs[:, 1, :])  # (B, n)
-        obj = self.pred_obj_score_head(hs[:, 0, :])  # (B, 1)
-        return masks, iou, obj, mask_tokens
+        return masks, *self._scores(hs), mask_tokens
+
+    def _scores(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output tokens hs BxTxC -> (iou Bxn, object score logit Bx1)."""
+        return self.iou_prediction_head(hs[:, 1, :]), self.pred_obj_score_head(hs[:, 0, :])
+
+    def _masks_nhwc(self, x: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
+        """Channels-last features x (B, H, W, C/8) and hyper_in (B, n, C/8) -> masks (B, n, H, W)."""
+        B, H, W, c8 = x.shape
+        n = self.num_mask_tokens
+        if self.channel_sum_head:
+            sums = [(x * hyper_in[:, i].reshape(B, 1, 1, c8)).sum(dim=-1).reshape(B, 1, H, W) for i in range(n)]
+            return torch.cat(sums, dim=1)  # (B, n, H, W)
+        masks = x.reshape(B, H * W, c8) @ hyper_in.transpose(1, 2)  # (B, HW, n): the features as the big operand
+        return masks.transpose(1, 2).reshape(B, n, H, W)  # (B, n, H, W)
 
     @staticmethod
     def multimask(masks: torch.Tensor, iou: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,13 @@ Bundle files (reference card 002's contract; e = S/16, C = d_model, all I/O floa
                        points [B,N,2], labels [B,N] int64) with B, N fixed at export (card ``extra.batch``)
                -> the decoder's outputs with B rows, no mask input (``decode_batch``; "segment everything")
 
+  decoder_prep.pte     (card role ``decoder-prep``, optional) forward(image_embed, mask_input, has_mask_input)
+               -> image_q, image_k, image_v [1,e*e,Ci]: the decoder's first-layer image projections
+  decoder_cpu.pte      (card role ``decoder-cpu``, with the prep) forward(decoder.pte's inputs, image_q, image_k,
+                       image_v) -> decoder.pte's outputs. Where a bundle has both, the runtime runs the prep once
+                       per image (``encode``; and per mask input) and decoder_cpu.pte per click; decoder.pte stays
+                       the contract program for apps that run one decoder.
+
 K is ``MAX_POINTS`` (16, card.json ``extra.max_points``): a prompt of N <= K entries (box corners, points,
 and the one padding point upstream appends) fills the first N slots and the rest are label -2, which the
 decoder removes from attention, so the answer is exactly that of the N-entry prompt.
@@ -29,11 +36,15 @@ import torch
 from sam2edge.bundle import open_bundle
 from sam2edge.config import Sam2Config, get_config
 from sam2edge.errors import UserError
+from sam2edge.model.mask_decoder import ImageProjections
 from sam2edge.runtime.backends import Decoded, Features, padded_chunks
 
 ENCODER_FILE, DECODER_FILE = "encoder.pte", "decoder.pte"
 BATCHED_DECODER_FILE = "decoder_batched.pte"  # export.executorch_graphs.XnnBatchedDecoderGraph (role decoder-batched)
+DECODER_PREP_FILE = "decoder_prep.pte"  # XnnImageProjectionsGraph (role decoder-prep)
+DECODER_CPU_FILE = "decoder_cpu.pte"  # XnnGivenDecoderGraph (role decoder-cpu), given the prep's projections
 MAX_POINTS = 16
+IMAGE_PROJECTIONS = ImageProjections._fields  # decoder_prep.pte's outputs, in order (image_q, image_k, image_v)
 IGNORED = -2
 
 
@@ -84,13 +95,27 @@ class ExecuTorchBackend:
 
     name = "executorch"
 
-    def __init__(self, folder: Path, cfg: Sam2Config, max_points: int = MAX_POINTS, batched: str | None = None) -> None:
-        """``batched``: the batched decoder's file in ``folder`` (``decode_batch``; None = single decodes)."""
+    def __init__(
+        self,
+        folder: Path,
+        cfg: Sam2Config,
+        max_points: int = MAX_POINTS,
+        batched: str | None = None,
+        decoder: str | None = None,
+    ) -> None:
+        """``batched``: the batched decoder's file in ``folder`` (``decode_batch``; None = single decodes).
+        ``decoder``: the per-click program; None = ``DECODER_CPU_FILE`` where the folder has it and its prep,
+        else ``DECODER_FILE``. ``DECODER_CPU_FILE`` runs with ``DECODER_PREP_FILE``."""
         folder = Path(folder)
         hint = "re-run `sam2edge export --target executorch`"
-        self.cfg, self.max_points = cfg, max_points
+        if decoder is None:
+            pair = (folder / DECODER_CPU_FILE, folder / DECODER_PREP_FILE)
+            decoder = DECODER_CPU_FILE if all(f.is_file() for f in pair) else DECODER_FILE
+        self.cfg, self.max_points, self.decoder_file = cfg, max_points, decoder
         self.encoder = load_method(folder / ENCODER_FILE, hint)
-        self.decoder = load_method(folder / DECODER_FILE, hint)
+        self.decoder = load_method(folder / decoder, hint)
+        self.prep = load_method(folder / DECODER_PREP_FILE, hint) if decoder == DECODER_CPU_FILE else None
+        self._prep_key = str((folder / DECODER_PREP_FILE).resolve())  # Features.prepared: this bundle's
         self.batched = load_method(folder / batched, hint) if batched else None
 
     @classmethod
@@ -99,8 +124,11 @@ class ExecuTorchBackend:
         common protocol; ExecuTorch's XNNPACK threadpool is sized by the runtime itself."""
         card = open_bundle(folder, "executorch")
         cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
-        batched = next((a["file"] for a in card["artifacts"] if a.get("role") == "decoder-batched"), None)
-        backend = cls(Path(folder), cfg, int(card.get("extra", {}).get("max_points", MAX_POINTS)), batched)
+        roles = {a.get("role"): a["file"] for a in card["artifacts"]}  # only a file the card lists is run
+        given = roles.get("decoder-cpu") == DECODER_CPU_FILE and roles.get("decoder-prep") == DECODER_PREP_FILE
+        points = int(card.get("extra", {}).get("max_points", MAX_POINTS))
+        decoder = DECODER_CPU_FILE if given else DECODER_FILE
+        backend = cls(Path(folder), cfg, points, roles.get("decoder-batched"), decoder)
         backend.check_shapes(folder)
         return backend
 
@@ -117,16 +145,39 @@ class ExecuTorchBackend:
             )
 
     def encode(self, image: np.ndarray) -> Features:
+        """The encoder, then (a bundle with ``DECODER_PREP_FILE``) the decoder's image projections for no mask
+        input: the image's share of every click, paid once here."""
         x = torch.from_numpy(check_image(image, self.cfg.image_size))
         emb, s0, s1 = (t.numpy().copy() for t in self.encoder.execute([x]))
-        return Features(emb, s0, s1)
+        feats = Features(emb, s0, s1)
+        self._given(feats, None)
+        return feats
+
+    def _mask(self, mask_input: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(mask_input, has_mask_input) as the programs take them: zeros and 0.0 for no mask input."""
+        if mask_input is None:
+            side = 4 * self.cfg.image_embedding_size
+            return np.zeros((1, 1, side, side), np.float32), np.zeros((1,), np.float32)
+        return np.ascontiguousarray(mask_input, np.float32), np.ones((1,), np.float32)
+
+    def _given(self, feats: Features, mask_input: np.ndarray | None) -> list[np.ndarray]:
+        """The prep program's image_q, image_k, image_v: for no mask input once per image (kept on
+        ``feats.prepared``, so features from elsewhere get them on their first click), for a mask input per
+        call; [] for a decoder that projects the image itself."""
+        if self.prep is None:
+            return []
+        if mask_input is None and self._prep_key in feats.prepared:
+            return list(feats.prepared[self._prep_key].values())
+        ins = [feats.image_embed, *self._mask(mask_input)]
+        outs = [t.numpy().copy() for t in self.prep.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in ins])]
+        if mask_input is None:
+            feats.prepared[self._prep_key] = dict(zip(IMAGE_PROJECTIONS, outs, strict=True))
+        return outs
 
     def decode(self, feats: Features, coords: np.ndarray, labels: np.ndarray, mask_input: np.ndarray | None) -> Decoded:
         pts, lab = pad_prompt(coords, labels, self.max_points)
-        side = 4 * self.cfg.image_embedding_size
-        has = np.zeros((1,), np.float32) if mask_input is None else np.ones((1,), np.float32)
-        mask = np.zeros((1, 1, side, side), np.float32) if mask_input is None else mask_input
-        ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, mask, has]
+        ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, *self._mask(mask_input)]
+        ins += self._given(feats, mask_input)
         outs = self.decoder.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in ins])
         return Decoded(*(t.numpy().copy() for t in outs))
 

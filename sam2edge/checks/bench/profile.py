@@ -166,6 +166,30 @@ def etdump_node_times(etdump: Path, skip_runs: int) -> tuple[list[NodeTime], int
     return nodes, runs, wrappers
 
 
+def etdump_kinds(path: Path, inputs: list, runs: int) -> dict[str, float]:
+    """ms per run by operator type of the .pte at ``path`` on ``inputs`` (ETDump, one warm-up run left out),
+    slowest first."""
+    method = _EtdumpMethod(path)
+    for _ in range(runs + 1):
+        method.execute(inputs)
+    nodes, _, _ = etdump_node_times(method.etdump(path.with_suffix(".etdp")), 1)
+    kinds: dict[str, float] = {}
+    for n in nodes:
+        kinds[n.op] = kinds.get(n.op, 0.0) + n.ms
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
+def interleaved_ms(calls: dict[str, Callable[[], object]], runs: int) -> dict[str, list[float]]:
+    """``runs`` rounds, each call once per round, order reversed every other round -> ms per call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(runs):
+        for name in list(calls)[:: 1 if r % 2 else -1]:
+            t0 = time.perf_counter()
+            calls[name]()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def _etdump_type(name: str) -> str:
     """Operator type of an ETDump event name: 'native_call_native_layer_norm.out' -> 'native_layer_norm',
     'Fully Connected (NC, F32) GEMM #3' -> 'Fully Connected (NC, F32) GEMM'."""
@@ -174,16 +198,21 @@ def _etdump_type(name: str) -> str:
 
 
 def profile_executorch(folder: Path, backend, inputs: tuple, threads: int, runs: int) -> dict:
+    """The encoder and the decoder the runtime runs per click (``decoder_cpu.pte`` where the bundle has its
+    prep, which is profiled too: once per image), each from its ETDump."""
     clicks = len(inputs[1])
-    backend.encoder = _EtdumpMethod(_artifact(folder, "encoder"))
-    backend.decoder = _EtdumpMethod(_artifact(folder, "decoder"))
+    graphs = {"encoder": ("encoder", 1), "decoder": ("decoder", clicks)}  # attribute -> (card role, calls per run)
+    if getattr(backend, "prep", None) is not None:
+        graphs.update(decoder=("decoder-cpu", clicks), prep=("decoder-prep", 1))
+    for attr, (role, _) in graphs.items():
+        setattr(backend, attr, _EtdumpMethod(_artifact(folder, role)))
     _drive(backend, inputs, runs + 1, clicks)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for graph, skip in (("encoder", 1), ("decoder", clicks)):
-            path = getattr(backend, graph).etdump(Path(tmp) / f"{graph}.etdp")
+        for attr, (role, skip) in graphs.items():
+            path = getattr(backend, attr).etdump(Path(tmp) / f"{attr}.etdp")
             nodes, n, wrappers = etdump_node_times(path, skip)
-            out[graph] = summarise(nodes) | {
+            out[role] = summarise(nodes) | {
                 "calls": n,
                 "whole_graph_ms": wrappers.get("Method::execute", 0.0),
                 "delegate_calls_ms": wrappers.get("DELEGATE_CALL", 0.0),

@@ -1,0 +1,121 @@
+"""ExecuTorch XNNPACK: the click's decoder program before and after session 28, side by side at full size.
+
+    python benchmarks/bench_executorch_decoder.py [--runs 40] [--profile]
+
+Forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
+  one program, before   ``decoder.pte`` as session 26 shipped it: Rewrites(transposed_conv="matmul"), the
+                        upscaling NCHW, channel-sum mask head, the positional encoding made NCHW and turned
+                        back into rows by the transformer
+  one program, now      ``decoder.pte`` now: the upscaling channels-last, the mask head one matmul, the
+                        positional encoding kept as rows (``executorch.REWRITES``)
+  given, before-form    ``decoder_cpu.pte``'s inputs (the first layer's image projections given), old Rewrites
+  given, now            ``decoder_cpu.pte`` as shipped: what the runtime runs per click
+
+Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
+compared with the first form's (largest difference relative to its scale), then all are timed in interleaved
+rounds (ExecuTorch's own thread pool). ``decoder_prep.pte`` (once per image) is timed apart. ``--profile``
+adds each form's ETDump time per operator type. Nothing else should run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.runtime import Runtime
+
+from sam2edge.checks.bench.profile import etdump_kinds, interleaved_ms
+from sam2edge.config import get_config
+from sam2edge.export.executorch import MAX_POINTS, REWRITES
+from sam2edge.export.executorch_graphs import (
+    XnnDecoderGraph,
+    XnnGivenDecoderGraph,
+    XnnImageProjectionsGraph,
+    decoder_inputs,
+    given_decoder_inputs,
+)
+from sam2edge.export.executorch_lower import lower
+from sam2edge.model import Rewrites, build_sam2
+
+BEFORE = Rewrites(transposed_conv="matmul", texture_limit=0)  # executorch.REWRITES until session 28
+
+
+class _PeNchw:
+    """The positional encoding as session 26's graphs made it: (1, C, e, e), turned back into rows inside."""
+
+    def image_pe(self) -> torch.Tensor:
+        e = self.model.cfg.image_embedding_size
+        return super().image_pe().transpose(1, 2).reshape(1, -1, e, e)  # (1, C, e, e)
+
+
+class DecoderBefore(_PeNchw, XnnDecoderGraph):
+    pass
+
+
+class GivenBefore(_PeNchw, XnnGivenDecoderGraph):
+    pass
+
+
+def load(graph: torch.nn.Module, args: tuple, file: Path):
+    """Lower ``graph`` on ``args`` to ``file`` -> (loaded forward, delegate count)."""
+    prog, census = lower(graph.eval(), args, [XnnpackPartitioner()])
+    file.write_bytes(prog.buffer)
+    return Runtime.get().load_program(file).load_method("forward"), census.delegates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    cfg = get_config("sam2.1-hiera-tiny")
+    torch.manual_seed(0)
+    models = {rw: build_sam2(cfg, rw).eval() for rw in (BEFORE, REWRITES)}
+    sd = {k: torch.randn_like(v) * 0.05 for k, v in models[REWRITES].state_dict().items()}
+    for m in models.values():
+        m.load_state_dict(sd)
+    old, new = models[BEFORE], models[REWRITES]
+    click = decoder_inputs(cfg, MAX_POINTS)
+    given = given_decoder_inputs(new, click)
+    forms = {
+        "one program, before": (DecoderBefore(old), click),
+        "one program, now": (XnnDecoderGraph(new), click),
+        "given, before-form": (GivenBefore(old), given),
+        "given, now": (XnnGivenDecoderGraph(new), given),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        methods, files = {}, {}
+        for i, (form, (graph, sample)) in enumerate(forms.items()):
+            files[form] = Path(tmp) / f"form{i}.pte"
+            methods[form], delegates = load(graph, sample, files[form])
+            print(f"lowered {form}: {delegates} delegate(s)", flush=True)
+        first = methods["one program, before"].execute(list(click))
+        for form, method in methods.items():
+            got = method.execute(list(forms[form][1]))
+            err = max(float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, first))
+            print(f"  {form:20s} largest output difference from the first form: {err:.1e} of the scale")
+        prep, _ = load(XnnImageProjectionsGraph(new), (click[0], *click[5:]), Path(tmp) / "prep.pte")
+        calls = {form: functools.partial(m.execute, list(forms[form][1])) for form, m in methods.items()}
+        times = interleaved_ms(calls, args.runs)
+        print(f"\ndecoder per click, {args.runs} interleaved runs | p50 ms | p10 - p90")
+        for form, ts in times.items():
+            q = statistics.quantiles(ts, n=10)
+            print(f"  {form:20s} | {statistics.median(ts):7.1f} | {q[0]:.1f} - {q[-1]:.1f}")
+        t0 = time.perf_counter()
+        for _ in range(10):
+            prep.execute([click[0], *click[5:]])
+        print(f"  decoder_prep.pte (once per image): {(time.perf_counter() - t0) * 100:.1f} ms mean of 10")
+        if args.profile:
+            for form, (_, sample) in forms.items():
+                kinds = etdump_kinds(files[form], list(sample), 5)
+                print(f"  ETDump, {form}: " + ", ".join(f"{k} {ms:.1f}" for k, ms in list(kinds.items())[:7]))
+
+
+if __name__ == "__main__":
+    main()
