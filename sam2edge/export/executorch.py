@@ -331,10 +331,11 @@ def export_executorch(
 def summary(card: dict, out: Path) -> str:
     fid, ex = card["fidelity"], card["extra"]
     lines = [f"bundle: {out.resolve()} ({card['precision']}, {card['resolution']}px, status {card['status']})"]
+    width = max(map(len, ex["sizes"]))
     for name, s in ex["sizes"].items():
         d = ex["delegation"][name]
         lines.append(
-            f"  {name:<12} {s['bytes'] / 1e6:8.2f} MB = {s['ratio']:.3f}x parameters; "
+            f"  {name:<{width}} {s['bytes'] / 1e6:8.2f} MB = {s['ratio']:.3f}x parameters; "
             f"{d['delegated_ops']}/{d['total_ops']} ops delegated in {d['delegates']} XNNPACK partition(s)"
         )
     worst = min(fid["outputs"].items(), key=lambda kv: kv[1]["cosine"])
