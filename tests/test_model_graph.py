@@ -15,24 +15,28 @@ from sam2edge.model import UPSTREAM, Rewrites, build_sam2
 from sam2edge.model.layers import attention_chunk
 from sam2edge.weights import synthetic_state_dict
 
-ALL_REWRITES = [
-    Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h, token_fold=f)
-    for r, a, t, n, h, f in itertools.product(
-        (4, 3),
-        ("math", "sdpa"),
-        ("zero_stuff", "native", "matmul"),
-        ("scaled", "safe", "native"),
-        ("channel_sum", "matmul"),
-        ("projected", "folded"),
-    )
-    # the fold touches only the attention, the matmul transposed conv only the upscaling: one LayerNorm form each
-    if (f == "projected" or n == "native") and (t != "matmul" or (n == "native" and f == "projected"))
-] + [  # channels-last upscaling: every transposed conv, norm and mask head form it composes with
-    Rewrites(transposed_conv=t, layer_norm=n, mask_head=h, upscale_layout="nhwc")
-    for t, n, h in itertools.product(
-        ("zero_stuff", "native", "matmul"), ("scaled", "native"), ("channel_sum", "matmul")
-    )
-]
+ALL_REWRITES = (
+    [
+        Rewrites(attention_rank=r, attention_impl=a, transposed_conv=t, layer_norm=n, mask_head=h, token_fold=f)
+        for r, a, t, n, h, f in itertools.product(
+            (4, 3),
+            ("math", "sdpa"),
+            ("zero_stuff", "native", "matmul"),
+            ("scaled", "safe", "native"),
+            ("channel_sum", "matmul"),
+            ("projected", "folded"),
+        )
+        # the fold touches only the attention, the matmul transposed conv only the upscaling: one LayerNorm form each
+        if (f == "projected" or n == "native") and (t != "matmul" or (n == "native" and f == "projected"))
+    ]
+    + [  # channels-last upscaling: every transposed conv, norm and mask head form it composes with
+        Rewrites(transposed_conv=t, layer_norm=n, mask_head=h, upscale_layout="nhwc")
+        for t, n, h in itertools.product(
+            ("zero_stuff", "native", "matmul"), ("scaled", "native"), ("channel_sum", "matmul")
+        )
+    ]
+    + [Rewrites(q_pool="maxima"), Rewrites(q_pool="maxima", layer_norm="native", attention_rank=3)]
+)  # Hiera's pooling
 
 
 @pytest.fixture(scope="module")

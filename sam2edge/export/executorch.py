@@ -63,9 +63,13 @@ from sam2edge.runtime.executorch_backend import (
 # the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
 # decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18); the upscaling
 # channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK, 43.0 -> 41.0 ms per
-# full-size click (benchmarks/bench_executorch_decoder.py, notes/issue-16.md, session 28). LiteRT's CPU decoder
+# full-size click (benchmarks/bench_executorch_forms.py, notes/issue-16.md, session 28). LiteRT's CPU decoder
 # stays NCHW: its converter places the transposes itself, and channels-last ran 1.6-2.3 ms slower there.
-REWRITES = Rewrites(transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc", texture_limit=0)
+# Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
+# layout transposes around every pool; the encoder 1968 -> 1891 ms p50 (scratch A/B, notes/issue-16.md, session 28).
+REWRITES = Rewrites(
+    transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc", q_pool="maxima", texture_limit=0
+)
 # (no token_fold: 16 prompt slots make 22 tokens, and 8 heads x 22 > the inner width 128: folding would cost more)
 FP32_COSINE = BARS["fp32"]["min_cosine"]
 ACCURACY_BAR = BARS["int8"]["min_iou_worst"]  # int8's worst end-to-end mask IoU vs the fp32 pipeline

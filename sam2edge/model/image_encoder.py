@@ -45,10 +45,22 @@ def window_unpartition(win: torch.Tensor, ws: int, hw: tuple[int, int], batch: i
     return x
 
 
-def max_pool_nhwc(x: torch.Tensor, stride: int) -> torch.Tensor:
-    """MaxPool2d(kernel=stride, stride=stride) on (B, H, W, C)."""
-    x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=stride, stride=stride)
-    return x.permute(0, 2, 3, 1)
+def max_pool_nhwc(x: torch.Tensor, stride: int, rw: Rewrites) -> torch.Tensor:
+    """MaxPool2d(kernel=stride, stride=stride) on (B, H, W, C); ``rw.q_pool`` says how (both exact)."""
+    B, H, W, C = x.shape
+    if rw.q_pool == "max_pool" or H % stride or W % stride:
+        x = F.max_pool2d(x.permute(0, 3, 1, 2), kernel_size=stride, stride=stride)
+        return x.permute(0, 2, 3, 1)
+    s = stride
+    rows = x.reshape(B * H // s, s, W, C)  # (B*H/s, s, W, C): the s rows of each window row
+    y = rows[:, :1]
+    for i in range(1, s):
+        y = torch.maximum(y, rows[:, i : i + 1])  # (B*H/s, 1, W, C)
+    cols = y.reshape(B * H // s, W // s, s * C)  # (B*H/s, W/s, s*C): the s columns of each window
+    z = cols[..., :C]
+    for i in range(1, s):
+        z = torch.maximum(z, cols[..., i * C : (i + 1) * C])  # (B*H/s, W/s, C)
+    return z.reshape(B, H // s, W // s, C)  # (B, H/s, W/s, C)
 
 
 class MultiScaleAttention(nn.Module):
@@ -66,7 +78,7 @@ class MultiScaleAttention(nn.Module):
         qkv = self.qkv(x).reshape(B, H * W, 3 * C)  # (B, N, 3C), heads interleaved per q/k/v
         q, k, v = qkv[..., :C], qkv[..., C : 2 * C], qkv[..., 2 * C :]  # (B, N, C) each
         if self.q_stride:
-            q = max_pool_nhwc(q.reshape(B, H, W, C), self.q_stride)  # (B, H/s, W/s, C)
+            q = max_pool_nhwc(q.reshape(B, H, W, C), self.q_stride, self.rw)  # (B, H/s, W/s, C)
             H, W = q.shape[1:3]
             q = q.reshape(B, H * W, C)  # (B, N/s^2, C)
         x = attention(q, k, v, self.num_heads, self.rw)  # (B, N', C)
@@ -80,7 +92,7 @@ class MultiScaleBlock(nn.Module):
         self, dim: int, dim_out: int, num_heads: int, q_stride: int, window_size: int, mlp_ratio: float, rw: Rewrites
     ) -> None:
         super().__init__()
-        self.dim, self.dim_out, self.window_size, self.q_stride = dim, dim_out, window_size, q_stride
+        self.dim, self.dim_out, self.window_size, self.q_stride, self.rw = dim, dim_out, window_size, q_stride, rw
         self.norm1 = LayerNorm(dim, 1e-6, rw)
         self.attn = MultiScaleAttention(dim, dim_out, num_heads, q_stride, rw)
         self.norm2 = LayerNorm(dim_out, 1e-6, rw)
@@ -94,7 +106,7 @@ class MultiScaleBlock(nn.Module):
         if self.dim != self.dim_out:
             shortcut = self.proj(x)
             if self.q_stride:
-                shortcut = max_pool_nhwc(shortcut, self.q_stride)  # (B, H/s, W/s, C_out)
+                shortcut = max_pool_nhwc(shortcut, self.q_stride, self.rw)  # (B, H/s, W/s, C_out)
         B, H, W, _ = x.shape
         ws = self.window_size
         if ws > 0:

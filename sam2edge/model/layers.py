@@ -48,6 +48,10 @@ class Rewrites:
     # (``transposed_conv="matmul"``) is one GEMM on the last dim and the channel norm reduces the last dim, with
     # no layout transposes between them (exact: the same sums; only feat_s0 / feat_s1 are permuted, once)
     upscale_layout: str = "nchw"
+    # Hiera's query / shortcut pooling on (B, H, W, C): "max_pool" permutes to NCHW for max_pool2d and back;
+    # "maxima" takes elementwise maxima of the window's row and column slices in place (exact; an ExecuTorch
+    # encoder runs half the layout transposes: 196 -> 102 ms at 1024 px, notes/issue-16.md, session 28)
+    q_pool: str = "max_pool"
 
     def __post_init__(self) -> None:
         checks = {
@@ -61,6 +65,7 @@ class Rewrites:
             "rope_keys": (self.rope_keys, ("transposed", "rows")),
             "key_bias": (self.key_bias, ("folded", "added")),
             "upscale_layout": (self.upscale_layout, ("nchw", "nhwc")),
+            "q_pool": (self.q_pool, ("max_pool", "maxima")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
@@ -172,12 +177,12 @@ def _attention(
     B, Nq, C = q.shape
     Nk, Cv = v.shape[1], v.shape[2]
     d, dv = C // num_heads, Cv // num_heads
-    q = q.reshape(B, Nq, num_heads, d).transpose(1, 2)  # (B, nh, Nq, d)
+    q = _heads(q, num_heads)  # (B, nh, Nq, d)
     if keys_transposed:
         kt = k.reshape(B, num_heads, d, Nk)  # (B, nh, d, Nk): channels are head-major
     else:
-        kt = k.reshape(B, Nk, num_heads, d).transpose(1, 2).transpose(-2, -1)  # (B, nh, d, Nk)
-    v = v.reshape(B, Nk, num_heads, dv).transpose(1, 2)  # (B, nh, Nk, dv)
+        kt = k.reshape(B, Nk, num_heads, d).permute(0, 2, 3, 1)  # (B, nh, d, Nk): one transpose, not two
+    v = _heads(v, num_heads)  # (B, nh, Nk, dv)
     if rw.attention_rank == 3:
         q = q.reshape(B * num_heads, Nq, d)  # (B*nh, Nq, d)
         kt = kt.reshape(B * num_heads, d, Nk)  # (B*nh, d, Nk)
@@ -200,7 +205,17 @@ def _attention(
             scores = scores + bias
         out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)
     out = out.reshape(B, num_heads, Nq, dv)  # (B, nh, Nq, dv)
+    if num_heads == 1:
+        return out.reshape(B, Nq, Cv)  # (B, Nq, Cv): one head needs no transpose
     return out.transpose(1, 2).reshape(B, Nq, Cv)  # (B, Nq, Cv)
+
+
+def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, C) -> (B, nh, N, C/nh), head-major; a reshape alone for one head (no transpose to run)."""
+    B, N, C = x.shape
+    if num_heads == 1:
+        return x.reshape(B, 1, N, C)  # (B, 1, N, C)
+    return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)  # (B, nh, N, d)
 
 
 def _normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:

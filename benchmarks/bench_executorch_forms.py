@@ -1,8 +1,8 @@
-"""ExecuTorch XNNPACK: the click's decoder program before and after session 28, side by side at full size.
+"""ExecuTorch XNNPACK: the decoder and encoder programs before and after session 28, side by side at full size.
 
-    python benchmarks/bench_executorch_decoder.py [--runs 40] [--profile]
+    python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--runs 40] [--profile]
 
-Forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
+Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
   one program, before   ``decoder.pte`` as session 26 shipped it: Rewrites(transposed_conv="matmul"), the
                         upscaling NCHW, channel-sum mask head, the positional encoding made NCHW and turned
                         back into rows by the transformer
@@ -10,6 +10,8 @@ Forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
                         positional encoding kept as rows (``executorch.REWRITES``)
   given, before-form    ``decoder_cpu.pte``'s inputs (the first layer's image projections given), old Rewrites
   given, now            ``decoder_cpu.pte`` as shipped: what the runtime runs per click
+Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (before) or as elementwise
+maxima in place (``Rewrites.q_pool = "maxima"``, shipped).
 
 Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
 compared with the first form's (largest difference relative to its scale), then all are timed in interleaved
@@ -20,6 +22,7 @@ adds each form's ETDump time per operator type. Nothing else should run meanwhil
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 import tempfile
@@ -35,9 +38,11 @@ from sam2edge.config import get_config
 from sam2edge.export.executorch import MAX_POINTS, REWRITES
 from sam2edge.export.executorch_graphs import (
     XnnDecoderGraph,
+    XnnEncoderGraph,
     XnnGivenDecoderGraph,
     XnnImageProjectionsGraph,
     decoder_inputs,
+    encoder_inputs,
     given_decoder_inputs,
 )
 from sam2edge.export.executorch_lower import lower
@@ -69,52 +74,75 @@ def load(graph: torch.nn.Module, args: tuple, file: Path):
     return Runtime.get().load_program(file).load_method("forward"), census.delegates
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=40)
-    ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args()
-    cfg = get_config("sam2.1-hiera-tiny")
-    torch.manual_seed(0)
+def decoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
+    """The four decoder forms (module doc) with their sample inputs, on weights ``sd``."""
     models = {rw: build_sam2(cfg, rw).eval() for rw in (BEFORE, REWRITES)}
-    sd = {k: torch.randn_like(v) * 0.05 for k, v in models[REWRITES].state_dict().items()}
     for m in models.values():
         m.load_state_dict(sd)
     old, new = models[BEFORE], models[REWRITES]
     click = decoder_inputs(cfg, MAX_POINTS)
     given = given_decoder_inputs(new, click)
-    forms = {
+    return {
         "one program, before": (DecoderBefore(old), click),
         "one program, now": (XnnDecoderGraph(new), click),
         "given, before-form": (GivenBefore(old), given),
         "given, now": (XnnGivenDecoderGraph(new), given),
     }
+
+
+def encoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
+    """The encoder with each pooling form, on weights ``sd``."""
+    forms, image = {}, encoder_inputs(cfg)  # one image for both
+    for name, pool in (("max_pool2d, before", "max_pool"), ("maxima, now", "maxima")):
+        model = build_sam2(cfg, dataclasses.replace(REWRITES, q_pool=pool)).eval()
+        model.load_state_dict(sd)
+        forms[name] = (XnnEncoderGraph(model), image)
+    return forms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graph", choices=("decoder", "encoder"), default="decoder")
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    cfg = get_config("sam2.1-hiera-tiny")
+    torch.manual_seed(0)
+    sd = {k: torch.randn_like(v) * 0.05 for k, v in build_sam2(cfg, REWRITES).state_dict().items()}
+    forms = (decoder_forms if args.graph == "decoder" else encoder_forms)(cfg, sd)
     with tempfile.TemporaryDirectory() as tmp:
         methods, files = {}, {}
         for i, (form, (graph, sample)) in enumerate(forms.items()):
             files[form] = Path(tmp) / f"form{i}.pte"
             methods[form], delegates = load(graph, sample, files[form])
             print(f"lowered {form}: {delegates} delegate(s)", flush=True)
-        first = methods["one program, before"].execute(list(click))
+        first_form = next(iter(forms))
+        first = methods[first_form].execute(list(forms[first_form][1]))
         for form, method in methods.items():
             got = method.execute(list(forms[form][1]))
             err = max(float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, first))
             print(f"  {form:20s} largest output difference from the first form: {err:.1e} of the scale")
-        prep, _ = load(XnnImageProjectionsGraph(new), (click[0], *click[5:]), Path(tmp) / "prep.pte")
         calls = {form: functools.partial(m.execute, list(forms[form][1])) for form, m in methods.items()}
         times = interleaved_ms(calls, args.runs)
-        print(f"\ndecoder per click, {args.runs} interleaved runs | p50 ms | p10 - p90")
+        print(f"\n{args.graph}, {args.runs} interleaved runs | p50 ms | p10 - p90")
         for form, ts in times.items():
             q = statistics.quantiles(ts, n=10)
             print(f"  {form:20s} | {statistics.median(ts):7.1f} | {q[0]:.1f} - {q[-1]:.1f}")
-        t0 = time.perf_counter()
-        for _ in range(10):
-            prep.execute([click[0], *click[5:]])
-        print(f"  decoder_prep.pte (once per image): {(time.perf_counter() - t0) * 100:.1f} ms mean of 10")
+        if args.graph == "decoder":
+            time_prep(forms["given, now"][0].model, decoder_inputs(cfg, MAX_POINTS), Path(tmp) / "prep.pte")
         if args.profile:
             for form, (_, sample) in forms.items():
-                kinds = etdump_kinds(files[form], list(sample), 5)
+                kinds = etdump_kinds(files[form], list(sample), 5 if args.graph == "decoder" else 2)
                 print(f"  ETDump, {form}: " + ", ".join(f"{k} {ms:.1f}" for k, ms in list(kinds.items())[:7]))
+
+
+def time_prep(model, click: tuple, file: Path) -> None:
+    """``decoder_prep.pte`` (once per image), mean of 10 calls."""
+    prep, _ = load(XnnImageProjectionsGraph(model), (click[0], *click[5:]), file)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        prep.execute([click[0], *click[5:]])
+    print(f"  decoder_prep.pte (once per image): {(time.perf_counter() - t0) * 100:.1f} ms mean of 10")
 
 
 if __name__ == "__main__":
