@@ -63,11 +63,12 @@ from sam2edge.runtime.executorch_backend import (
 
 # the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
 # decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18); the upscaling
-# channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK, 43.0 -> 41.0 ms per
-# full-size click (benchmarks/bench_executorch_forms.py, notes/issue-16.md, session 28). LiteRT's CPU decoder
+# channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK (with the positional
+# encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click,
+# `benchmarks/bench_executorch_forms.py --graph decoder`, notes/issue-16.md, session 28). LiteRT's CPU decoder
 # stays NCHW: its converter places the transposes itself, and channels-last ran 1.6-2.3 ms slower there.
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
-# layout transposes around every pool; the encoder 1968 -> 1891 ms p50 (scratch A/B, notes/issue-16.md, session 28).
+# layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
 REWRITES = Rewrites(
     transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc", q_pool="maxima", texture_limit=0
 )
@@ -82,7 +83,8 @@ ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
 
 
 # The dynamic-int8 encoder keeps max_pool2d: with the maxima form its program fails XNNPACK's input-shape
-# propagation at run time (xnn_status_invalid_parameter, full size, session 28; not investigated further).
+# propagation at run time (xnn_status_invalid_parameter, full size and test-small, session 28: the shortcut pool
+# after the quantised proj Linear; not investigated further).
 INT8_REWRITES = dataclasses.replace(REWRITES, q_pool="max_pool")
 
 

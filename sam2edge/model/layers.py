@@ -50,7 +50,7 @@ class Rewrites:
     upscale_layout: str = "nchw"
     # Hiera's query / shortcut pooling on (B, H, W, C): "max_pool" permutes to NCHW for max_pool2d and back;
     # "maxima" takes elementwise maxima of the window's row and column slices in place (exact; an ExecuTorch
-    # encoder runs half the layout transposes: 196 -> 102 ms at 1024 px, notes/issue-16.md, session 28)
+    # encoder spends 212 -> 119 ms in layout transposes at 1024 px, notes/issue-16.md, session 28)
     q_pool: str = "max_pool"
 
     def __post_init__(self) -> None:

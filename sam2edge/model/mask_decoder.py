@@ -311,20 +311,22 @@ class MaskDecoder(nn.Module):
         src = src.transpose(1, 2).reshape(B, c, h, w)  # (B, C, e, e)
         x = act1(ln1(up1(src) + feat_s1))  # (B, C/4, 2e, 2e)
         x = act2(up2(x) + feat_s0)  # (B, C/8, 4e, 4e)
-        _, c8, H, W = x.shape
-        if self.channel_sum_head:
-            # hyper_in @ x as per-token weighted channel sums: no (C/8, 16e^2) axis (65536 at 1024 px)
-            # that a GPU delegate would have to hold in one texture row (WebGPU's limit is 8192).
-            n = self.num_mask_tokens
-            sums = [(x * hyper_in[:, i].reshape(B, c8, 1, 1)).sum(dim=1, keepdim=True) for i in range(n)]
-            masks = torch.cat(sums, dim=1)  # (B, n, 4e, 4e)
-        else:
-            masks = (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, self.num_mask_tokens, H, W)  # (B, n, 4e, 4e)
-        return masks, *self._scores(hs), mask_tokens
+        return self._masks_nchw(x, hyper_in), *self._scores(hs), mask_tokens
 
     def _scores(self, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The output tokens hs BxTxC -> (iou Bxn, object score logit Bx1)."""
         return self.iou_prediction_head(hs[:, 1, :]), self.pred_obj_score_head(hs[:, 0, :])
+
+    def _masks_nchw(self, x: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
+        """Features x (B, C/8, H, W) and hyper_in (B, n, C/8) -> masks (B, n, H, W)."""
+        B, c8, H, W = x.shape
+        n = self.num_mask_tokens
+        if self.channel_sum_head:
+            # hyper_in @ x as per-token weighted channel sums: no (C/8, 16e^2) axis (65536 at 1024 px)
+            # that a GPU delegate would have to hold in one texture row (WebGPU's limit is 8192).
+            sums = [(x * hyper_in[:, i].reshape(B, c8, 1, 1)).sum(dim=1, keepdim=True) for i in range(n)]
+            return torch.cat(sums, dim=1)  # (B, n, H, W)
+        return (hyper_in @ x.reshape(B, c8, H * W)).reshape(B, n, H, W)  # (B, n, H, W)
 
     def _masks_nhwc(self, x: torch.Tensor, hyper_in: torch.Tensor) -> torch.Tensor:
         """Channels-last features x (B, H, W, C/8) and hyper_in (B, n, C/8) -> masks (B, n, H, W)."""

@@ -202,7 +202,7 @@ def profile_executorch(folder: Path, backend, inputs: tuple, threads: int, runs:
     prep, which is profiled too: once per image), each from its ETDump."""
     clicks = len(inputs[1])
     graphs = {"encoder": ("encoder", 1), "decoder": ("decoder", clicks)}  # attribute -> (card role, calls per run)
-    if getattr(backend, "prep", None) is not None:
+    if backend.prep is not None:
         graphs.update(decoder=("decoder-cpu", clicks), prep=("decoder-prep", 1))
     for attr, (role, _) in graphs.items():
         setattr(backend, attr, _EtdumpMethod(_artifact(folder, role)))
