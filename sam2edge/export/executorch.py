@@ -66,7 +66,8 @@ from sam2edge.runtime.executorch_backend import (
 # channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK (with the positional
 # encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click,
 # `benchmarks/bench_executorch_forms.py --graph decoder`, notes/issue-16.md, session 28). LiteRT's CPU decoder
-# stays NCHW: its converter places the transposes itself, and channels-last ran 1.6-2.3 ms slower there.
+# stays NCHW: its converter places the transposes itself, and channels-last ran slower there (35.7 vs 37.1 ms,
+# `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
 # layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
 REWRITES = Rewrites(
