@@ -1,12 +1,13 @@
 """LiteRT's CPU decoder with other ``Rewrites`` settings, side by side: converted, checked, timed interleaved.
 
     python benchmarks/bench_cpu_decoder.py layer_norm=native layer_norm=safe [--runs 30] [--threads 2]
+    python benchmarks/bench_cpu_decoder.py precision=int8
 
 Each ``FIELD=VALUE`` builds the full-size Hiera-Tiny CPU decoder (``export.litert.CPU_DECODER_REWRITES`` with
-that one field replaced; random weights, 14 prompt tokens, given its image projections as the bundle's
-``decoder_cpu.tflite`` is), converts it with the exporter's converter, prints its largest output error against
-its own eager module, and times ``invoke`` in interleaved rounds beside the shipped settings. Nothing else
-should run meanwhile.
+that one field replaced; ``precision=int8|fp16``: the shipped graph converted at that precision), random
+weights, 14 prompt tokens, given its image projections as the bundle's ``decoder_cpu.tflite`` is; converts it
+with the exporter's converter, prints its largest output error against its own eager module, and times
+``invoke`` in interleaved rounds beside the shipped settings. Nothing else should run meanwhile.
 """
 
 from __future__ import annotations
@@ -44,22 +45,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     cfg, base = get_config("sam2.1-hiera-tiny"), L.CPU_DECODER_REWRITES
-    variants = {"shipped": base}
+    variants = {"shipped": (base, "fp32")}
     for spec in args.settings:
         field, value = spec.split("=", 1)
-        variants[spec] = dataclasses.replace(base, **{field: int(value) if value.isdigit() else value})
+        if field == "precision":
+            variants[spec] = (base, value)
+            continue
+        variants[spec] = (dataclasses.replace(base, **{field: int(value) if value.isdigit() else value}), "fp32")
     torch.manual_seed(0)
     state = {k: torch.randn_like(v) * 0.05 for k, v in build_sam2(cfg, base).state_dict().items()}
     runners = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, rw in variants.items():
+        for name, (rw, precision) in variants.items():
             model = build_sam2(cfg, rw)
             model.load_state_dict(state)
             graph, inputs = decoder_sample(model)
             with torch.no_grad():
                 want = graph(**inputs)
             path = Path(tmp) / f"{len(runners)}.tflite"
-            L.convert_graph(graph, inputs, path, "fp32")
+            L.convert_graph(graph, inputs, path, precision)
             run = Interpreter(model_path=str(path), num_threads=args.threads).get_signature_runner()
             feed = {k: v.numpy() for k, v in inputs.items()}
             got = run(**feed)

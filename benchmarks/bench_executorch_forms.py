@@ -1,6 +1,6 @@
-"""ExecuTorch XNNPACK: the decoder and encoder programs before and after session 28, side by side at full size.
+"""ExecuTorch XNNPACK: the decoder and encoder programs before and after sessions 28-29, side by side at full size.
 
-    python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--runs 40] [--profile]
+    python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--int8] [--runs 40] [--profile]
 
 Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
   one program, before   ``decoder.pte`` as session 26 shipped it: Rewrites(transposed_conv="matmul"), the
@@ -10,8 +10,10 @@ Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask i
                         positional encoding kept as rows (``executorch.REWRITES``)
   given, before-form    ``decoder_cpu.pte``'s inputs (the first layer's image projections given), old Rewrites
   given, now            ``decoder_cpu.pte`` as shipped: what the runtime runs per click
-Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (before) or as elementwise
-maxima in place (``Rewrites.q_pool = "maxima"``, shipped).
+Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (until session 28) or as
+elementwise maxima in place (``Rewrites.q_pool = "maxima"``); the q / k / v projection fused and sliced (until
+session 29) or as three products (``Rewrites.qkv = "split"``, shipped). ``--int8``: each encoder form
+quantised as the int8 export quantises it (``executorch._quantize_int8``).
 
 Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
 compared with the first form's (largest difference relative to its scale), then all are timed in interleaved
@@ -35,7 +37,7 @@ from executorch.runtime import Runtime
 
 from sam2edge.checks.bench.profile import etdump_kinds, interleaved_ms
 from sam2edge.config import get_config
-from sam2edge.export.executorch import MAX_POINTS, REWRITES
+from sam2edge.export.executorch import MAX_POINTS, REWRITES, _quantize_int8
 from sam2edge.export.executorch_graphs import (
     XnnDecoderGraph,
     XnnEncoderGraph,
@@ -68,8 +70,8 @@ class GivenBefore(_PeNchw, XnnGivenDecoderGraph):
 
 
 def load(graph: torch.nn.Module, args: tuple, file: Path):
-    """Lower ``graph`` on ``args`` to ``file`` -> (loaded forward, delegate count)."""
-    prog, census = lower(graph.eval(), args, [XnnpackPartitioner()])
+    """Lower ``graph`` (in eval mode) on ``args`` to ``file`` -> (loaded forward, delegate count)."""
+    prog, census = lower(graph, args, [XnnpackPartitioner()])
     file.write_bytes(prog.buffer)
     return Runtime.get().load_program(file).load_method("forward"), census.delegates
 
@@ -83,20 +85,28 @@ def decoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
     click = decoder_inputs(cfg, MAX_POINTS)
     given = given_decoder_inputs(new, click)
     return {
-        "one program, before": (DecoderBefore(old), click),
-        "one program, now": (XnnDecoderGraph(new), click),
-        "given, before-form": (GivenBefore(old), given),
-        "given, now": (XnnGivenDecoderGraph(new), given),
+        "one program, before": (DecoderBefore(old).eval(), click),
+        "one program, now": (XnnDecoderGraph(new).eval(), click),
+        "given, before-form": (GivenBefore(old).eval(), given),
+        "given, now": (XnnGivenDecoderGraph(new).eval(), given),
     }
 
 
-def encoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
-    """The encoder with each pooling form, on weights ``sd``."""
-    forms, image = {}, encoder_inputs(cfg)  # one image for both
-    for name, pool in (("max_pool2d, before", "max_pool"), ("maxima, now", "maxima")):
-        model = build_sam2(cfg, dataclasses.replace(REWRITES, q_pool=pool)).eval()
+ENCODER_FORMS = {  # name: (Rewrites.q_pool, Rewrites.qkv)
+    "max_pool2d, fused": ("max_pool", "fused"),  # until session 28
+    "maxima, fused": ("maxima", "fused"),  # session 28
+    "maxima, split": ("maxima", "split"),  # now
+}
+
+
+def encoder_forms(cfg, sd: dict, int8: bool = False) -> dict[str, tuple[torch.nn.Module, tuple]]:
+    """The encoder in each form of ``ENCODER_FORMS`` on weights ``sd`` (``int8``: quantised as exported)."""
+    forms, image = {}, encoder_inputs(cfg)  # one image for all
+    for name, (pool, qkv) in ENCODER_FORMS.items():
+        model = build_sam2(cfg, dataclasses.replace(REWRITES, q_pool=pool, qkv=qkv)).eval()
         model.load_state_dict(sd)
-        forms[name] = (XnnEncoderGraph(model), image)
+        graph = XnnEncoderGraph(model).eval()
+        forms[name] = (_quantize_int8(graph, image) if int8 else graph, image)
     return forms
 
 
@@ -104,12 +114,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", choices=("decoder", "encoder"), default="decoder")
     ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--int8", action="store_true", help="encoder forms quantised as the int8 export does")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     cfg = get_config("sam2.1-hiera-tiny")
     torch.manual_seed(0)
     sd = {k: torch.randn_like(v) * 0.05 for k, v in build_sam2(cfg, REWRITES).state_dict().items()}
-    forms = (decoder_forms if args.graph == "decoder" else encoder_forms)(cfg, sd)
+    forms = decoder_forms(cfg, sd) if args.graph == "decoder" else encoder_forms(cfg, sd, args.int8)
     with tempfile.TemporaryDirectory() as tmp:
         methods, files = {}, {}
         for i, (form, (graph, sample)) in enumerate(forms.items()):
@@ -138,7 +149,7 @@ def main() -> None:
 
 def time_prep(model, click: tuple, file: Path) -> None:
     """``decoder_prep.pte`` (once per image), mean of 10 calls."""
-    prep, _ = load(XnnImageProjectionsGraph(model), (click[0], *click[5:]), file)
+    prep, _ = load(XnnImageProjectionsGraph(model).eval(), (click[0], *click[5:]), file)
     t0 = time.perf_counter()
     for _ in range(10):
         prep.execute([click[0], *click[5:]])

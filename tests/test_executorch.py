@@ -123,6 +123,39 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
         assert passed and e2e["iou_worst"] >= 0.99, e2e
 
 
+def test_int8_quantises_the_linear_layers_only():
+    """Dynamic int8 covers the Linear layers (card: ``encoder outside the Linear layers`` stays fp32): a
+    quantised convolution took XNNPACK's dynamic-quant layout path and broke the encoder's program at run
+    time (session 29). One per-channel weight dequantisation per Linear, none for the convolution, and the
+    program runs close to eager. (A convolution straight into a quantised Linear fails XNNPACK's lowering:
+    "Weight and Input should both be quantized"; the model has a norm between them everywhere.)"""
+    from sam2edge.export.executorch import REWRITES, _quantize_int8, lower_program
+    from sam2edge.model.layers import LayerNorm
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm = torch.nn.Conv2d(16, 32, 1), LayerNorm(32, 1e-6, REWRITES)
+            self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+        def forward(self, x):  # as the patch embedding into a Hiera block
+            return self.fc2(self.fc1(self.norm(self.conv(x).permute(0, 2, 3, 1))))  # (1, H, W, 32)
+
+    torch.manual_seed(0)
+    module, args = ConvLinear().eval(), (torch.randn(1, 16, 8, 8),)
+    quantised = _quantize_int8(module, args)
+    targets = [str(n.target) for n in quantised.graph.nodes if n.op == "call_function"]
+    assert sum("dequantize_per_channel" in t for t in targets) == 2, targets
+    assert any("convolution" in t or "conv2d" in t for t in targets)
+    prog, counts = lower_program(module, args, "int8", "encoder")
+    assert counts.delegates == 1 and not counts.portable_ops, counts
+    from executorch.runtime import Runtime
+
+    out = Runtime.get().load_program(prog.buffer).load_method("forward").execute(list(args))[0]
+    want = module(*args)
+    assert float((out - want).abs().max() / want.abs().max()) < 0.05
+
+
 def test_xnnpack_stores_convolutions_fp32_in_fp16_programs():
     """The size limit's storage rule (``CONV_STORED_BYTES``): an fp16 program of a 3x3 convolution and a
     Linear is as large as the conv's tensors at fp32 plus the Linear's at fp16, and larger than all at fp16.

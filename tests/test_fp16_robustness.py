@@ -219,8 +219,8 @@ def test_card_precision_section_shows_measured_iou_and_fp32_kept():
     text = "\n".join(precision_section(card, fid))
     assert "| mask IoU worst | 0.96120 | >= 0.95 | pass |" in text and "median" not in text.split("Kept")[0]
     assert (
-        "| decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder) | a click is not GEMM-bound"
-        in text
+        "| decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder) | dynamic int8 of the "
+        "decoder's Linear layers costs" in text
     )
     fid16 = {"end_to_end": {"clicks": 40, "iou_worst": 0.9932, "iou_median": 0.9985}, "bars": BARS["fp16"]}
     text = "\n".join(precision_section({"precision": "fp16", "extra": {}}, fid16))

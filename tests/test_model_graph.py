@@ -35,8 +35,9 @@ ALL_REWRITES = (
             ("zero_stuff", "native", "matmul"), ("scaled", "native"), ("channel_sum", "matmul")
         )
     ]
-    + [Rewrites(q_pool="maxima"), Rewrites(q_pool="maxima", layer_norm="native", attention_rank=3)]
-)  # Hiera's pooling
+    + [Rewrites(q_pool="maxima"), Rewrites(q_pool="maxima", layer_norm="native", attention_rank=3)]  # pooling
+    + [Rewrites(qkv="split"), Rewrites(qkv="split", q_pool="maxima", layer_norm="native", attention_rank=3)]
+)  # Hiera's q/k/v projection
 
 
 @pytest.fixture(scope="module")

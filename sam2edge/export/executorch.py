@@ -27,7 +27,6 @@ target's check: a program over its limit fails the bundle like a bar.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -70,8 +69,14 @@ from sam2edge.runtime.executorch_backend import (
 # `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
 # layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
+# Hiera's q / k / v as three products (exact): no slice copies of the fused output (1862 -> 1791 ms, session 29).
 REWRITES = Rewrites(
-    transposed_conv="matmul", mask_head="matmul", upscale_layout="nhwc", q_pool="maxima", texture_limit=0
+    transposed_conv="matmul",
+    mask_head="matmul",
+    upscale_layout="nhwc",
+    q_pool="maxima",
+    qkv="split",
+    texture_limit=0,
 )
 # (no token_fold: 16 prompt slots make 22 tokens, and 8 heads x 22 > the inner width 128: folding would cost more)
 FP32_COSINE = BARS["fp32"]["min_cosine"]
@@ -83,32 +88,32 @@ DECODER_PARTS = ("sam_prompt_encoder.", "sam_mask_decoder.")
 ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
 
 
-# The dynamic-int8 encoder keeps max_pool2d: with the maxima form its program fails XNNPACK's input-shape
-# propagation at run time (xnn_status_invalid_parameter, full size and test-small, session 28: the shortcut pool
-# after the quantised proj Linear; not investigated further).
-INT8_REWRITES = dataclasses.replace(REWRITES, q_pool="max_pool")
-
-
-def rewrites(precision: str) -> Rewrites:
-    """The model rewrites of a bundle at ``precision`` (card.json ``extra.rewrites``)."""
-    return INT8_REWRITES if precision == "int8" else REWRITES
-
-
 def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
-    model = build_sam2(cfg, rewrites(precision))
+    model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
     return model.half() if precision == "fp16" else model
 
 
 def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
-    """Dynamic int8 (XNNPACK quantizer): per-channel int8 weights, activations quantized per call."""
+    """Dynamic int8 (XNNPACK quantizer) of the linear products (``aten.linear``): per-channel int8 weights,
+    activations quantized per call. The convolutions (patch embedding, FPN laterals, conv_s0 / conv_s1) stay
+    fp32: a dynamically quantized convolution sends XNNPACK's ChannelsLastTaggedReshapePass down its
+    dynamic-quant path, which follows first arguments back through the graph and re-lays out the tensor it
+    ends at, so the program failed shape propagation at run time with the pooling maxima (session 29,
+    notes/issue-16.md)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        LINEAR_TARGETS,
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+
+    def is_linear(node: torch.fx.Node) -> bool:  # nn.Linear layers and Hiera's split q / k / v products
+        return node.target in LINEAR_TARGETS
+
+    quantizer = XNNPACKQuantizer().set_global(config).set_filter_function(is_linear)
     with torch.no_grad():
         graph = torch.export.export(module, args, strict=False).module()
         prepared = prepare_pt2e(graph, quantizer)
@@ -308,7 +313,7 @@ def _extra(job) -> dict:
         "delegation": job.state["census"],
         "outside_delegate_why": outside_why(job.state["census"]),
         "sizes": job.state["sizes"],
-        "rewrites": rewrites(job.precision).__dict__,
+        "rewrites": REWRITES.__dict__,
         "decoders": {
             "runtime": f"{DECODER_PREP_FILE} once per image and mask input, then {DECODER_CPU_FILE} per click",
             "contract": f"{DECODER_FILE}: the same answers from one program (card 002's I/O)",

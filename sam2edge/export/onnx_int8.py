@@ -1,8 +1,8 @@
 """ONNX int8: onnxruntime dynamic quantisation of the encoder, one portable file and one for VNNI CPUs.
 
 int8 = the encoder's MatMuls with constant weights quantised per output channel; activations are quantised
-per call (MatMulInteger / DynamicQuantizeLinear). The decoder stays fp32 like ExecuTorch's int8 (4.2 M
-parameters, a click is not GEMM-bound).
+per call (MatMulInteger / DynamicQuantizeLinear). The decoder stays fp32 like ExecuTorch's int8 (at int8 it
+misses the int8 bar: ``export.kept._INT8_DECODER``).
 
 Why two encoder files. onnxruntime multiplies u8 activations by the weights with kernels chosen per CPU:
   - u8 x s8 (signed weights) runs VNNI's VPDPBUSD on CPUs that have it (exact int32 sums), but on x86 CPUs

@@ -45,6 +45,9 @@ def window_unpartition(win: torch.Tensor, ws: int, hw: tuple[int, int], batch: i
     return x
 
 
+QKV_SPLIT = ("q_weight", "q_bias", "k_weight", "k_bias", "v_weight", "v_bias")
+
+
 def max_pool_nhwc(x: torch.Tensor, stride: int, rw: Rewrites) -> torch.Tensor:
     """MaxPool2d(kernel=stride, stride=stride) on (B, H, W, C); ``rw.q_pool`` says how (both exact)."""
     B, H, W, C = x.shape
@@ -71,12 +74,35 @@ class MultiScaleAttention(nn.Module):
         self.dim_out, self.num_heads, self.q_stride, self.rw = dim_out, num_heads, q_stride, rw
         self.qkv = nn.Linear(dim, dim_out * 3)
         self.proj = nn.Linear(dim_out, dim_out)
+        for name in QKV_SPLIT:  # rw.qkv == "split": the weight's row blocks (not saved: derived from qkv.*)
+            self.register_buffer(name, torch.empty(0), persistent=False)
+        self.split_qkv()
+
+    @torch.no_grad()
+    def split_qkv(self) -> None:
+        """Cut ``qkv``'s weight and bias into the q, k and v row blocks the "split" form multiplies by."""
+        if self.rw.qkv != "split":
+            return
+        w, b = self.qkv.weight.detach(), self.qkv.bias.detach()  # (3C, C_in), (3C,)
+        C = self.dim_out
+        for i, part in enumerate("qkv"):
+            setattr(self, f"{part}_weight", w[i * C : (i + 1) * C].clone())  # (C, C_in)
+            setattr(self, f"{part}_bias", b[i * C : (i + 1) * C].clone())  # (C,)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, H, W, C_in) -> q, k, v, each (B, N, C)."""
+        B, H, W, _ = x.shape
+        C = self.dim_out
+        if self.rw.qkv == "split":
+            parts = ((self.q_weight, self.q_bias), (self.k_weight, self.k_bias), (self.v_weight, self.v_bias))
+            return tuple(F.linear(x, w, b).reshape(B, H * W, C) for w, b in parts)  # (B, N, C) each
+        qkv = self.qkv(x).reshape(B, H * W, 3 * C)  # (B, N, 3C), heads interleaved per q/k/v
+        return qkv[..., :C], qkv[..., C : 2 * C], qkv[..., 2 * C :]  # (B, N, C) each
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, _ = x.shape
         C = self.dim_out
-        qkv = self.qkv(x).reshape(B, H * W, 3 * C)  # (B, N, 3C), heads interleaved per q/k/v
-        q, k, v = qkv[..., :C], qkv[..., C : 2 * C], qkv[..., 2 * C :]  # (B, N, C) each
+        q, k, v = self._project(x)  # (B, N, C) each
         if self.q_stride:
             q = max_pool_nhwc(q.reshape(B, H, W, C), self.q_stride, self.rw)  # (B, H/s, W/s, C)
             H, W = q.shape[1:3]
@@ -161,7 +187,10 @@ class Hiera(nn.Module):
 
     @torch.no_grad()
     def refresh_constants(self) -> None:
-        """Bake bicubic(pos_embed) + tile(pos_embed_window) at the trunk's grid size."""
+        """Bake bicubic(pos_embed) + tile(pos_embed_window) at the trunk's grid size, and (``Rewrites.qkv``
+        "split") each block's q / k / v weights."""
+        for blk in self.blocks:
+            blk.attn.split_qkv()
         g = self.grid
         pe = F.interpolate(self.pos_embed.detach(), size=(g, g), mode="bicubic")  # (1, C, g, g)
         win = self.pos_embed_window.detach()

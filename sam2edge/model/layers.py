@@ -52,6 +52,10 @@ class Rewrites:
     # "maxima" takes elementwise maxima of the window's row and column slices in place (exact; an ExecuTorch
     # encoder spends 212 -> 119 ms in layout transposes at 1024 px, notes/issue-16.md, session 28)
     q_pool: str = "max_pool"
+    # Hiera's q/k/v projection: "fused" is one (C_in -> 3C) Linear whose output is sliced into q, k and v;
+    # "split" multiplies by the three row blocks of the same weight, cut once at load (exact: the same dot
+    # products, no slice copies; an ExecuTorch encoder 1862 -> 1791 ms at 1024 px, notes/issue-16.md, session 29)
+    qkv: str = "fused"
 
     def __post_init__(self) -> None:
         checks = {
@@ -66,6 +70,7 @@ class Rewrites:
             "key_bias": (self.key_bias, ("folded", "added")),
             "upscale_layout": (self.upscale_layout, ("nchw", "nhwc")),
             "q_pool": (self.q_pool, ("max_pool", "maxima")),
+            "qkv": (self.qkv, ("fused", "split")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
