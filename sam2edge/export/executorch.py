@@ -69,7 +69,8 @@ from sam2edge.runtime.executorch_backend import (
 # `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
 # layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
-# Hiera's q / k / v as three products (exact): no slice copies of the fused output (1862 -> 1791 ms, session 29).
+# Hiera's q / k / v as three products (exact): no slice copies of the fused output (fp32 1828 -> 1737 ms, int8
+# 1168 -> 1109 ms p50, `--graph encoder [--int8]`, notes/issue-16.md, session 29).
 REWRITES = Rewrites(
     transposed_conv="matmul",
     mask_head="matmul",

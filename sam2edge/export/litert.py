@@ -265,8 +265,8 @@ def gpu_decoder_fidelity(job) -> dict:
 
 def _precision(job, file: str) -> str:
     """int8 quantises the encoder only (as ExecuTorch and ONNX int8; the decoder at int8 misses the int8 bar,
-    ``export.kept._INT8_DECODER``). fp16 rounds
-    the weights of every graph but the image decoders (``IMAGE_DECODER_FILES``, ``export.kept.FP32_KEPT``)."""
+    ``export.kept._INT8_DECODER``). fp16 rounds the weights of every graph but the image decoders
+    (``IMAGE_DECODER_FILES``, ``export.kept.FP32_KEPT``)."""
     if job.precision == "int8":
         return "int8" if file == ENCODER_FILE else "fp32"
     return "fp32" if file in IMAGE_DECODER_FILES else job.precision

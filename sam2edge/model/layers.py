@@ -54,7 +54,7 @@ class Rewrites:
     q_pool: str = "max_pool"
     # Hiera's q/k/v projection: "fused" is one (C_in -> 3C) Linear whose output is sliced into q, k and v;
     # "split" multiplies by the three row blocks of the same weight, cut once at load (exact: the same dot
-    # products, no slice copies; an ExecuTorch encoder 1862 -> 1791 ms at 1024 px, notes/issue-16.md, session 29)
+    # products, no slice copies; an ExecuTorch encoder 1828 -> 1737 ms at 1024 px, notes/issue-16.md, session 29)
     qkv: str = "fused"
 
     def __post_init__(self) -> None:
