@@ -263,14 +263,8 @@ def _backend(job, decoder: str | None = None) -> ExecuTorchBackend:
 
 def contract_decoder_fidelity(job) -> dict:
     """``decoder.pte`` (card 002's one-decoder contract, for apps that run it alone) measured like the
-    bundle (whose runtime runs the prep + ``decoder_cpu.pte``): same measurement, same bars; its failures
-    fail the bundle. The reference and the encoder's outputs are the job's, computed once for both."""
-    from sam2edge.checks.fidelity.measure import measure_backend
-
-    backend = job.tested(_backend(job, DECODER_FILE))
-    m = measure_backend(job.reference(), backend, job.precision, clicks=job.clicks)
-    fails = [f"{DECODER_FILE} (the contract decoder): {f}" for f in m["failures"]]
-    return {"decoder": DECODER_FILE, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
+    bundle, whose runtime runs the prep + ``decoder_cpu.pte``: ``Job.measure_decoder``."""
+    return job.measure_decoder(_backend(job, DECODER_FILE), DECODER_FILE, "the contract decoder")
 
 
 def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:

@@ -252,15 +252,9 @@ def _backend(job) -> LiteRTBackend:
 
 def gpu_decoder_fidelity(job) -> dict:
     """The GPU decoder (``decoder.tflite``) measured like the bundle (which runs ``decoder_cpu.tflite`` on
-    this CPU runtime): same measurement, same bars; its failures fail the bundle. The eager reference and
-    ``encoder.tflite``'s outputs are the job's (``Job.reference``, ``Job.tested``): computed once for both
-    measurements, so this one costs the GPU decoder's decodes only."""
-    from sam2edge.checks.fidelity.measure import measure_backend
-
-    gpu = job.tested(LiteRTBackend(job.folder, job.cfg, _tokens(job), decoder=DECODER_FILE))
-    m = measure_backend(job.reference(), gpu, job.precision, clicks=job.clicks)
-    fails = [f"{DECODER_FILE} (GPU decoder, run on the CPU): {f}" for f in m["failures"]]
-    return {"decoder": DECODER_FILE, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
+    this CPU runtime): ``Job.measure_decoder``."""
+    backend = LiteRTBackend(job.folder, job.cfg, _tokens(job), decoder=DECODER_FILE)
+    return job.measure_decoder(backend, DECODER_FILE, "GPU decoder, run on the CPU")
 
 
 def _precision(job, file: str) -> str:

@@ -90,6 +90,14 @@ class Job:
         (a bundle measured with two decoders encodes each photo once)."""
         return CachedEncoder(backend, self.measured.setdefault("encodes", {}))
 
+    def measure_decoder(self, backend, file: str, label: str) -> dict:
+        """A second decoder program of the staged bundle (``backend`` runs ``file``) measured like the bundle:
+        same measurement, same bars, on the job's reference and encodes (so it costs ``file``'s decodes only).
+        A target check's result: its failures, named ``file (label)``, fail the bundle."""
+        m = measure_backend(self.reference(), self.tested(backend), self.precision, clicks=self.clicks)
+        fails = [f"{file} ({label}): {f}" for f in m["failures"]]
+        return {"decoder": file, "outputs": m["outputs"], "end_to_end": m["end_to_end"], "failures": fails}
+
     @property
     def precision_label(self) -> str:
         return f"{self.precision}, {self.cfg.image_size}px"
