@@ -22,9 +22,10 @@ _DECODER_FP16_WEIGHTS = (
 )
 _IO = "fp32 inputs and outputs, cast at the graph edges"
 _INT8_DECODER = (
-    "dynamic int8 of the decoder's Linear layers costs the int8 bar: LiteRT's CPU decoder at int8 ran 1.7x "
-    "faster (28.3 -> 16.9 ms at 1024 px) but the end-to-end worst mask IoU fell to 0.9263 < 0.95 (full-size "
-    "Hiera-Tiny, synthetic weights, notes/issue-16.md session 29); the other targets' int8 is the same scheme"
+    "dynamic int8 of the decoder's Linear layers costs the int8 bar: LiteRT's CPU decoder at int8 ran 1.5x "
+    "faster (28.8 -> 19.6 ms p50 at 1024 px, benchmarks/bench_cpu_decoder.py precision=int8) but the end-to-end "
+    "worst mask IoU fell to 0.9263 < 0.95 (full-size Hiera-Tiny, synthetic weights, notes/issue-16.md session "
+    "29); the other targets' int8 is the same scheme"
 )
 
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
