@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 
+from sam2edge import __version__
 from sam2edge.errors import UserError
 from sam2edge.io import Terminated
 
@@ -30,12 +31,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "tap-to-segment web app: encoder on the server, decoder in the browser (LiteRT.js)"),
     "embed": ("embed", "encode a dataset once (locally or on Ray Data) into a store of embeddings"),
     "diagnose": ("diagnose", "fp16 vs fp32 layer by layer for a target or bundle: where precision is lost"),
+    "report": ("report", "measured tables (Markdown) and charts (PNG) from benchmark records: docs/benchmarks.md"),
     "sweep": ("sweep", "run every .tflite of a bundle in headless Chromium (LiteRT.js wasm/WebGPU) vs Python CPU"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sam2edge", description="SAM 2.1 Hiera-Tiny for the edge, with proof.")
+    parser = argparse.ArgumentParser(
+        prog="sam2edge", description="The SAM 2 family (SAM 2.1, EdgeTAM) on the edge, with proof."
+    )
+    parser.add_argument("--version", action="version", version=f"sam2edge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -1,0 +1,5 @@
+import sys
+
+from sam2edge.cli.main import main
+
+sys.exit(main())

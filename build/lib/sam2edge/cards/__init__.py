@@ -1,0 +1,1 @@
+"""Model cards rendered from card.json, fidelity.json and measured records."""

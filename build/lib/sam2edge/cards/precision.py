@@ -1,0 +1,47 @@
+"""Model card section of a reduced-precision bundle: its measured mask IoU against the bars, and what its
+export kept in fp32 and why (card.json ``extra.fp32_kept``, written by the export; issue 15)."""
+
+from __future__ import annotations
+
+from sam2edge.cards.sections import _num, _table
+from sam2edge.checks.fidelity.bars import bars_for
+
+BAR_LABELS = {"min_iou_worst": "worst", "min_iou_median": "median"}  # end-to-end bars shown here
+
+
+def precision_section(card: dict, fid: dict) -> list[str]:
+    """``## Reduced precision`` for fp16 / int8 bundles (nothing for fp32): the export's own end-to-end
+    measurement (worst and median mask IoU vs eager fp32), its bars, and the fp32-kept parts with reasons."""
+    precision = card["precision"]
+    if precision == "fp32":
+        return []
+    e2e = fid.get("end_to_end") if isinstance(fid.get("end_to_end"), dict) else {}
+    bars = {k: v for k, v in (fid.get("bars") or bars_for(precision)).items() if k in BAR_LABELS}
+    lines = [f"## Reduced precision ({precision})", ""]
+    if e2e:
+        measured = {"min_iou_worst": e2e.get("iou_worst"), "min_iou_median": e2e.get("iou_median")}
+        rows = [
+            [
+                f"mask IoU {BAR_LABELS[k]}",
+                _num(measured[k], 5),
+                f">= {bar}",
+                "pass" if _passes(measured[k], bar) else "FAIL",
+            ]
+            for k, bar in bars.items()
+        ]
+        lines += [
+            f"Measured by the export on {e2e.get('clicks', '?')} clicks against eager fp32 (upstream operations):",
+            "",
+            *_table(["Metric", "Measured", "Bar", "Verdict"], rows),
+            "",
+        ]
+    kept = (card.get("extra") or {}).get("fp32_kept") or {}
+    if kept:
+        lines += ["Kept in fp32, and why:", "", *_table(["Part", "Why"], [[f"{k}", v] for k, v in kept.items()]), ""]
+    else:
+        lines += ["Kept in fp32: not recorded by this bundle's export.", ""]
+    return lines
+
+
+def _passes(value, bar: float) -> bool:
+    return isinstance(value, int | float) and value >= bar

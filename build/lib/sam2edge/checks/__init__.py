@@ -1,0 +1,1 @@
+"""Checks: graph lint, numeric fidelity, benchmarks."""

@@ -1,0 +1,1 @@
+"""Benchmarks: bundles and upstream timed on the same photos."""

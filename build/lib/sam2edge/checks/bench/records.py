@@ -1,0 +1,227 @@
+"""Bench records: the machine they were measured on, the ratio to upstream, file names, writing, and the
+printed table (``bench.bench``)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+from sam2edge.bundle import write_json
+
+UPSTREAM = "upstream-eager"
+PEER = "peer-onnx"  # record ``runtime`` of the peer's export (``checks.bench.peer``)
+# baseline runtime -> the name in its ratio keys (``encoder_vs_upstream``, ``decoder_vs_peer``, ...)
+BASELINES: dict[str, str] = {UPSTREAM: "upstream", PEER: "peer"}
+# ratio table: (header, ratio key, shown even when no record has it)
+RATIO_COLUMNS = (
+    ("enc/upstream", "encoder_vs_upstream", True),
+    ("dec/upstream", "decoder_vs_upstream", True),
+    ("1st/upstream", "first_click_vs_upstream", True),
+    ("enc/peer", "encoder_vs_peer", False),
+    ("dec/peer", "decoder_vs_peer", False),
+    ("enc/bound", "encoder_vs_bound", True),
+    ("dec/bound", "decoder_vs_bound", True),
+)
+
+
+# x86 /proc/cpuinfo ``flags`` and ARM ``Features`` names that decide the kernels runtimes pick: SIMD width,
+# int8 dot products (VNNI, asimddp, i8mm), fp16 (f16c conversion only; avx512_fp16 / asimdhp arithmetic), bf16
+VECTOR_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx_vnni_int8",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_ne_convert",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimd",
+    "asimdhp",
+    "asimddp",
+    "sve",
+    "sve2",
+    "i8mm",
+    "bf16",
+)
+
+
+def vector_extensions(cpuinfo: str) -> list[str]:
+    """The SIMD / matrix extensions among ``VECTOR_FLAGS`` that /proc/cpuinfo's first flags line (x86
+    ``flags``, ARM ``Features``) names, in ``VECTOR_FLAGS`` order."""
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", cpuinfo, re.M)
+    have = set(m.group(1).split()) if m else set()
+    return [f for f in VECTOR_FLAGS if f in have]
+
+
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cpu_model(cpuinfo: str) -> str | None:
+    """The CPU's name in /proc/cpuinfo text (x86 ``model name``; ARM boards: ``Hardware`` / ``cpu model``)."""
+    m = re.search(r"^(?:model name|Hardware|cpu model)\s*:\s*(.+)$", cpuinfo, re.M)
+    return m.group(1).strip() if m else None
+
+
+def machine(cpuinfo: str | None = None) -> dict:
+    """What the numbers were measured on: the CPU model and its vector extensions (from ``cpuinfo``, by
+    default /proc/cpuinfo), cores, OS, Python and torch versions."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    return {
+        "cpu": cpu_model(cpuinfo) or platform.processor() or "unknown",
+        "vector_extensions": vector_extensions(cpuinfo),
+        "cores": os.cpu_count(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def rss_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MB, from /proc (ru_maxrss where /proc is absent)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        cur = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+        return cur, peak
+    except (OSError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak, peak
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs); False if not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def add_ratios(records: list[dict]) -> None:
+    """Each record's medians over the same-resolution, same-thread-count record of each baseline in
+    ``BASELINES`` (upstream eager, the peer's export) and over the compute bound."""
+    base = {(r["runtime"], r["resolution"], r["threads"]): r for r in records if r["runtime"] in BASELINES}
+    for r in records:
+        ratios = {}
+        for runtime, name in BASELINES.items():
+            b = base.get((runtime, r["resolution"], r["threads"]))
+            if b is not None:
+                for key in ("encoder_ms", "decoder_ms", "first_click_ms"):
+                    ratios[f"{key[:-3]}_vs_{name}"] = r[key]["median"] / b[key]["median"]
+        if "compute_bound" in r:
+            b = r["compute_bound"]
+            ratios["encoder_vs_bound"] = r["encoder_ms"]["median"] / b["encoder_bound_ms"]
+            ratios["decoder_vs_bound"] = r["decoder_ms"]["median"] / b["decoder_bound_ms"]
+        if ratios:
+            r["ratios"] = ratios
+
+
+def add_scaling(records: list[dict]) -> None:
+    """With one subject timed at several thread counts: each record's ``thread_scaling`` = its fewest-thread
+    median over this record's median (encoder, decoder), e.g. 1.8 = 1.8x faster with 2 threads than 1."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["subject"], []).append(r)
+    for recs in by.values():
+        base = min(recs, key=lambda r: r["threads"])
+        if len(recs) < 2:
+            continue
+        for r in recs:
+            r["thread_scaling"] = {
+                "base_threads": base["threads"],
+                **{k[:-3]: base[k]["median"] / r[k]["median"] for k in ("encoder_ms", "decoder_ms")},
+            }
+
+
+def record_name(rec: dict) -> str:
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", rec["subject"]).strip("-")
+    return f"{rec['date']}/{slug}__{rec['session']}.json"
+
+
+def write_records(records: list[dict], folder: str | Path) -> list[Path]:
+    """One JSON file per record: ``folder/<date>/<subject>__<session>.json``."""
+    out = []
+    for rec in records:
+        p = Path(folder) / record_name(rec)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_json(p, rec)
+        out.append(p)
+    return out
+
+
+def format_table(records: list[dict]) -> str:
+    """Plain-text table: medians (and min-max) per subject, ratios when present."""
+    head = (
+        f"{'subject':<40} {'load s':>7} {'encoder ms p50 (min-max)':>26} {'decoder ms p50 (min-max)':>26}"
+        f" {'1st click ms':>12} {'peak RSS MB':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        e, d, f = r["encoder_ms"], r["decoder_ms"], r["first_click_ms"]
+        lines.append(
+            f"{_label(r):<40} {r['load_s']:>7.2f} {_mm(e):>26} {_mm(d):>26} {f['median']:>12.1f}"
+            f" {r['peak_rss_mb']:>11.0f}"
+        )
+    if any("ratios" in r for r in records):
+        shown = [c for c in RATIO_COLUMNS if c[2] or any(c[1] in r.get("ratios", {}) for r in records)]
+        lines += ["", f"{'subject':<40} " + " ".join(f"{head:>12}" for head, _, _ in shown)]
+        for r in records:
+            q = r.get("ratios", {})
+            lines.append(f"{_label(r):<40} " + " ".join(f"{_x(q.get(key)):>12}" for _, key, _ in shown))
+        b = next((r["compute_bound"] for r in records if "compute_bound" in r), None)
+        if b:
+            lines.append(
+                f"compute bound: encoder {b['encoder_gflop']:.1f} GFLOP, decoder {b['decoder_gflop']:.2f} GFLOP"
+                f" at {b['gemm_gflops']:.0f} GFLOP/s (fp32 GEMM here) -> {b['encoder_bound_ms']:.0f} ms,"
+                f" {b['decoder_bound_ms']:.1f} ms"
+            )
+    return "\n".join([*lines, _machine_line(records)])
+
+
+def _machine_line(records: list[dict]) -> str:
+    m = records[0].get("machine", {}) if records else {}
+    return f"machine: {m.get('cpu', 'unknown')}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
+
+
+def _label(r: dict) -> str:
+    """Subject, plus its thread count and scaling when the run timed several counts."""
+    if "thread_scaling" not in r:
+        return r["subject"]
+    return f"{r['subject']} @{r['threads']}t ({r['thread_scaling']['encoder']:.2f}x)"
+
+
+def _mm(s: dict) -> str:
+    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"

@@ -1,0 +1,1 @@
+"""Tools over .tflite flatbuffers: the GPU lint and graph slicing."""

@@ -1,0 +1,84 @@
+"""``sam2edge track``: a video and prompts on some frames -> per-frame mask PNGs and an overlay video."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from sam2edge.config import VIDEO_CONFIGS
+from sam2edge.runtime.track import Prompt
+
+_PROMPT = re.compile(r"^(?P<frame>\d+):(?P<values>[^@]+?)(?:@(?P<obj>-?\d+))?$")
+
+
+def _parse(text: str, kind: str, sizes: tuple[int, ...], usage: str) -> tuple[int, int, tuple[float, ...]]:
+    m = _PROMPT.match(text.strip())
+    try:
+        if not m:
+            raise ValueError
+        values = tuple(float(v) for v in m.group("values").split(","))
+        if len(values) not in sizes:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{kind} {text!r} must be {usage}") from None
+    return int(m.group("frame")), int(m.group("obj") or 1), values
+
+
+def _point(text: str) -> Prompt:
+    frame, obj, v = _parse(text, "point", (2, 3), "F:X,Y[,LABEL][@OBJ] (LABEL 1 = object, 0 = background)")
+    label = int(v[2]) if len(v) == 3 else 1
+    if label not in (0, 1) or (len(v) == 3 and v[2] != label):
+        raise argparse.ArgumentTypeError(f"point label in {text!r} must be 1 (object) or 0 (background)")
+    return Prompt(frame, obj, point=(v[0], v[1], label))
+
+
+def _box(text: str) -> Prompt:
+    frame, obj, v = _parse(text, "box", (4,), "F:X0,Y0,X1,Y1[@OBJ]")
+    return Prompt(frame, obj, box=(v[0], v[1], v[2], v[3]))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("video", help="video file (.mp4/.webm/.mov, decoded by PyAV) or a folder of 00000.jpg, ...")
+    p.add_argument(
+        "--point", type=_point, action="append", default=[], metavar="F:X,Y[,LABEL][@OBJ]", help="click on frame F"
+    )
+    p.add_argument("--box", type=_box, action="append", default=[], metavar="F:X0,Y0,X1,Y1[@OBJ]", help="box on F")
+    p.add_argument("--reverse", action="store_true", help="also track backwards from the first prompted frame")
+    p.add_argument("--out", default="masks", help="new folder for palette PNG masks, pixel = object id (masks)")
+    p.add_argument("--overlay", help="overlay video to write: .mp4 (H.264) or .webm (VP9)")
+    p.add_argument(
+        "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
+    )
+    p.add_argument(
+        "--config", default="sam2.1-hiera-tiny", choices=sorted(VIDEO_CONFIGS), help="model config (test-small: quick)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from tqdm import tqdm
+
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.runtime.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
+    from sam2edge.runtime.video_io import read_frames, video_fps
+    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+
+    prompts = list(args.point) + list(args.box)
+    refuse_existing(args.out, args.overlay)
+    frames = read_frames(args.video)
+    h, w = frames[0].shape[:2]
+    check_prompts(prompts, len(frames), w, h)
+    predictor = Sam2VideoPredictor.from_checkpoint(
+        args.checkpoint, get_config(args.config), get_video_config(args.config)
+    )
+    if predictor.provenance.get("checkpoint") == "synthetic":
+        print("WARNING: no --checkpoint given; SYNTHETIC weights, masks are meaningless.", file=sys.stderr)
+    with tqdm(total=frames_to_track(len(frames), prompts, args.reverse), unit="frame", desc="track") as bar:
+        labels = track(predictor, frames, prompts, args.reverse, lambda _: bar.update(1))
+    write_outputs(frames, labels, args.out, args.overlay, video_fps(args.video))
+    print(f"masks:   {Path(args.out).resolve()} ({len(labels)} palette PNGs, pixel = object id)")
+    if args.overlay:
+        print(f"overlay: {Path(args.overlay).resolve()}")
+    return 0

@@ -1,0 +1,37 @@
+"""``sam2edge verify-official PT SAFETENSORS``: the two official files hold bit-identical weights."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from sam2edge.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pt", help="Meta's sam2.1_hiera_tiny.pt")
+    p.add_argument("safetensors", help="Hugging Face model.safetensors")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sam2edge.weights import OFFICIAL_SHA256, read_checkpoint, sha256_file, to_sam2edge
+    from sam2edge.weights.load import expected_shapes
+
+    shapes = expected_shapes()
+    loaded = {}
+    for path, name in ((args.pt, "sam2.1_hiera_tiny.pt"), (args.safetensors, "model.safetensors")):
+        sd, fmt = read_checkpoint(path)
+        digest = sha256_file(path)
+        official = "official" if digest == OFFICIAL_SHA256[name] else f"NOT the official {name}"
+        print(f"{path}: sha256 {digest} ({official}); {len(sd)} tensors, {fmt} naming")
+        loaded[fmt] = to_sam2edge(sd, fmt, shapes, str(path))
+    if set(loaded) != {"meta", "hf"}:
+        raise UserError("give one Meta .pt and one HF .safetensors (both files use the same naming)")
+    differ = [k for k in shapes if not torch.equal(loaded["meta"][k], loaded["hf"][k])]
+    n = len(shapes)
+    if differ:
+        print(f"FAIL: {len(differ)}/{n} image-path tensors differ, e.g. {', '.join(differ[:4])}")
+        return 1
+    print(f"OK: {n}/{n} image-path tensors bit-identical (video-only tensors are not part of the image path)")
+    return 0

@@ -1,0 +1,224 @@
+"""Model configuration: the SAM 2.1 Hiera family (tiny, small, base-plus, large), as frozen dataclasses.
+
+Every number of ``HIERA_TINY`` / ``HIERA_SMALL`` / ``HIERA_BASE_PLUS`` / ``HIERA_LARGE`` is that of
+upstream ``configs/sam2.1/sam2.1_hiera_{t,s,b+,l}.yaml`` (``trunk`` and ``neck``; a field the yaml
+leaves out takes upstream ``Hiera.__init__``'s default, as base-plus does for stages, global blocks,
+window specs and the pos-embed background). The FPN's ``backbone_channel_list`` is
+``reversed(stage_dims)`` for every size (e.g. base-plus [896, 448, 224, 112]). The prompt encoder and
+mask decoder are the same in every size.
+
+``CONFIGS`` is the registry of named configs. ``test-small`` shrinks every width of Hiera-Tiny so
+that CPU tests run in seconds while every code path (window padding, q-pooling, global blocks,
+top-down FPN, high-res skip features) is still exercised; ``test-small-s`` / ``-b+`` / ``-l`` do the
+same for the other sizes, each keeping what tells its size apart (``SIZES`` pairs them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Sam2Config:
+    image_size: int = 1024  # side of the square model input, pixels
+    # --- Hiera trunk ---
+    embed_dim: int = 96  # channels of stage 1 (doubles each stage)
+    num_heads: int = 1  # attention heads of stage 1 (doubles each stage)
+    stages: tuple[int, ...] = (1, 2, 7, 2)  # blocks per stage
+    global_att_blocks: tuple[int, ...] = (5, 7, 9)  # block indices with global attention
+    window_spec: tuple[int, ...] = (8, 4, 14, 7)  # window side per stage
+    window_pos_embed_bkg: tuple[int, int] = (7, 7)  # background pos-embed grid, interpolated
+    q_pool: int = 3  # number of stage transitions that pool queries
+    q_stride: int = 2  # spatial stride at each pooled transition
+    mlp_ratio: float = 4.0  # Hiera MLP hidden = dim * mlp_ratio
+    patch_kernel: int = 7  # patch-embed conv kernel (stride 4, padding 3)
+    # --- FPN neck ---
+    d_model: int = 256  # FPN width = prompt/decoder width
+    fpn_top_down_levels: tuple[int, ...] = (2, 3)  # levels that receive top-down features
+    scalp: int = 1  # lowest-resolution FPN levels dropped
+    # --- prompt encoder ---
+    mask_in_chans: int = 16  # hidden channels of the mask-input downscaler
+    # --- mask decoder ---
+    decoder_depth: int = 2  # two-way transformer blocks
+    decoder_heads: int = 8  # heads in every decoder attention
+    decoder_mlp_dim: int = 2048  # two-way transformer MLP hidden size
+    attention_downsample_rate: int = 2  # cross-attention internal dim = d_model / rate
+    num_multimask_outputs: int = 3  # candidate masks (plus one single-mask token)
+    iou_head_depth: int = 3  # layers of the IoU / object-score MLPs
+    iou_head_hidden_dim: int = 256  # hidden size of the IoU MLP
+    stability_delta: float = 0.05  # dynamic multimask: logit band for stability
+    stability_thresh: float = 0.98  # dynamic multimask: stable if score >= this
+
+    @property
+    def stage_dims(self) -> tuple[int, ...]:
+        """Channels per Hiera stage, stage 1 first."""
+        return tuple(self.embed_dim * 2**i for i in range(len(self.stages)))
+
+    @property
+    def image_embedding_size(self) -> int:
+        """Side of the lowest-resolution decoder feature (image_size / 16)."""
+        return self.image_size // 16
+
+    @property
+    def num_mask_tokens(self) -> int:
+        return self.num_multimask_outputs + 1
+
+    def at_resolution(self, image_size: int) -> Sam2Config:
+        """Same weights, another input side (must be a multiple of 32)."""
+        if image_size % 32:
+            raise ValueError(f"resolution {image_size} is not a multiple of 32; use e.g. 512 or 1024")
+        return replace(self, image_size=image_size)
+
+
+HIERA_TINY = Sam2Config()  # sam2.1_hiera_t.yaml: embed 96, heads 1, stages [1, 2, 7, 2], global [5, 7, 9]
+
+HIERA_SMALL = Sam2Config(  # sam2.1_hiera_s.yaml; every other number as Hiera-Tiny
+    embed_dim=96,  # trunk.embed_dim; FPN backbone_channel_list [768, 384, 192, 96]
+    num_heads=1,  # trunk.num_heads (1, 2, 4, 8 per stage)
+    stages=(1, 2, 11, 2),  # trunk.stages: 16 blocks
+    global_att_blocks=(7, 10, 13),  # trunk.global_att_blocks: every 3rd block of stage 3, its last one included
+    window_spec=(8, 4, 14, 7),  # Hiera default (not in the yaml)
+    window_pos_embed_bkg=(7, 7),  # trunk.window_pos_embed_bkg_spatial_size
+)
+
+HIERA_BASE_PLUS = Sam2Config(  # sam2.1_hiera_b+.yaml sets only embed_dim and num_heads; the rest are Hiera defaults
+    embed_dim=112,  # trunk.embed_dim; FPN backbone_channel_list [896, 448, 224, 112]
+    num_heads=2,  # trunk.num_heads (2, 4, 8, 16 per stage): 56 channels per head throughout
+    stages=(2, 3, 16, 3),  # Hiera default stages: 24 blocks
+    global_att_blocks=(12, 16, 20),  # Hiera default global blocks: every 4th block of stage 3, its last one included
+    window_spec=(8, 4, 14, 7),  # Hiera default
+    window_pos_embed_bkg=(14, 14),  # Hiera default background size (tiny, small and large use 7x7)
+)
+
+HIERA_LARGE = Sam2Config(  # sam2.1_hiera_l.yaml
+    embed_dim=144,  # trunk.embed_dim; FPN backbone_channel_list [1152, 576, 288, 144]
+    num_heads=2,  # trunk.num_heads (2, 4, 8, 16 per stage): 72 channels per head throughout
+    stages=(2, 6, 36, 4),  # trunk.stages: 48 blocks
+    global_att_blocks=(23, 33, 43),  # trunk.global_att_blocks: every 10th block of stage 3, its last one included
+    window_spec=(8, 4, 16, 8),  # trunk.window_spec: stages 3 and 4 tile their 64 / 32 grids without padding
+    window_pos_embed_bkg=(7, 7),  # trunk.window_pos_embed_bkg_spatial_size
+)
+
+# Every width shrunk; same topology as Hiera-Tiny (4 stages, 3 q-pool transitions, window
+# padding at stages 3/4, global blocks, two-way decoder with 3 multimask outputs).
+TEST_SMALL = Sam2Config(
+    image_size=256,
+    embed_dim=16,
+    num_heads=1,
+    stages=(1, 1, 3, 1),
+    global_att_blocks=(3,),
+    d_model=32,
+    mask_in_chans=8,
+    decoder_heads=4,
+    decoder_mlp_dim=64,
+    iou_head_hidden_dim=32,
+)
+
+# Reduced-depth stand-ins of the other sizes: test-small's widths (stage-1 channels per head kept at
+# the size's ratio), a short stage 3 that still has windowed blocks between its global ones and ends
+# on a global block, the size's stage-1 depth, heads, window specs and pos-embed background.
+TEST_SMALL_S = replace(
+    TEST_SMALL,
+    stages=(1, 2, 5, 2),  # stage 4 has a plain windowed block (7-window over an 8x8 grid: padding)
+    global_att_blocks=(4, 7),  # every 3rd block of stage 3 (small: 7, 10, 13)
+)
+TEST_SMALL_B_PLUS = replace(
+    TEST_SMALL,
+    embed_dim=16,  # 2 heads of 8 channels in stage 1 (base-plus: 2 heads of 56)
+    num_heads=2,
+    stages=(2, 3, 5, 3),  # two blocks in stage 1 (a stage-1 block without a shortcut projection)
+    global_att_blocks=(7, 9),  # every 2nd block of stage 3, its last one included (base-plus: 12, 16, 20 of 5..20)
+    window_pos_embed_bkg=(14, 14),
+)
+TEST_SMALL_L = replace(
+    TEST_SMALL,
+    image_size=384,  # 24x24 stage-3 and 12x12 stage-4 grids: the 16 and 8 windows pad, as no other config does
+    embed_dim=24,  # 2 heads of 12 channels in stage 1 (large: 2 heads of 72)
+    num_heads=2,
+    stages=(2, 3, 5, 2),
+    global_att_blocks=(7, 9),  # every 2nd block of stage 3, its last one included (large: 23, 33, 43)
+    window_spec=(8, 4, 16, 8),
+)
+
+CONFIGS: dict[str, Sam2Config] = {
+    "sam2.1-hiera-tiny": HIERA_TINY,
+    "sam2.1-hiera-small": HIERA_SMALL,
+    "sam2.1-hiera-base-plus": HIERA_BASE_PLUS,
+    "sam2.1-hiera-large": HIERA_LARGE,
+    "test-small": TEST_SMALL,
+    "test-small-s": TEST_SMALL_S,
+    "test-small-b+": TEST_SMALL_B_PLUS,
+    "test-small-l": TEST_SMALL_L,
+}
+
+# size -> (full-size config, its reduced-depth CI stand-in, upstream yaml under sam2/configs/sam2.1/)
+SIZES: dict[str, tuple[str, str, str]] = {
+    "tiny": ("sam2.1-hiera-tiny", "test-small", "sam2.1_hiera_t.yaml"),
+    "small": ("sam2.1-hiera-small", "test-small-s", "sam2.1_hiera_s.yaml"),
+    "base-plus": ("sam2.1-hiera-base-plus", "test-small-b+", "sam2.1_hiera_b+.yaml"),
+    "large": ("sam2.1-hiera-large", "test-small-l", "sam2.1_hiera_l.yaml"),
+}
+
+
+def get_config(name: str) -> Sam2Config:
+    try:
+        return CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)}") from None
+
+
+@dataclass(frozen=True)
+class Sam2VideoConfig:
+    """The memory path of SAM 2.1 (upstream ``sam2.1_hiera_t.yaml`` + the video predictor's overrides).
+
+    Widths not listed here come from the image ``Sam2Config`` (d_model = memory-attention width).
+    """
+
+    mem_dim: int = 64  # channels of a spatial memory and of an object-pointer token (d_model / mem_dim tokens each)
+    attn_layers: int = 4  # memory-attention layers (self RoPE attention + cross RoPE attention + MLP)
+    attn_heads: int = 1  # heads of both RoPE attentions
+    attn_mlp_dim: int = 2048  # memory-attention MLP hidden size
+    rope_theta: float = 10000.0  # RoPE base frequency
+    fuser_layers: int = 2  # ConvNeXt blocks fusing image features and the downsampled mask
+    fuser_kernel: int = 7  # depthwise kernel of the fuser blocks
+    mask_stride: int = 16  # total stride of the mask downsampler (4 convs of stride 2)
+    num_maskmem: int = 7  # temporal memory encodings (1 conditioning + 6 previous-frame positions)
+    memory_slots: int = 7  # spatial memory slots in the per-frame graph (conditioning + recent frames)
+    max_obj_ptrs: int = 16  # object-pointer slots (upstream max_obj_ptrs_in_encoder)
+    sigmoid_scale: float = 20.0  # memory-encoder mask: sigmoid(logits) * scale + bias
+    sigmoid_bias: float = -10.0
+    no_obj_score: float = -1024.0  # mask logits written where the object is judged absent
+
+
+VIDEO_TINY = Sam2VideoConfig()
+
+# test-small's d_model is 32: a pointer splits into 2 tokens of mem_dim 16.
+VIDEO_TEST_SMALL = Sam2VideoConfig(mem_dim=16, attn_layers=2, attn_mlp_dim=64)
+
+VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
+    "sam2.1-hiera-tiny": VIDEO_TINY,
+    "test-small": VIDEO_TEST_SMALL,
+}
+
+
+def get_video_config(name: str) -> Sam2VideoConfig:
+    try:
+        return VIDEO_CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(VIDEO_CONFIGS)}") from None
+
+
+def config_name(cfg: Sam2Config) -> str:
+    """Registered name of ``cfg`` at any resolution, e.g. 'sam2.1-hiera-large'; ValueError if unregistered."""
+    for name, c in CONFIGS.items():
+        if replace(c, image_size=cfg.image_size) == cfg:
+            return name
+    raise ValueError("config is not registered in sam2edge.config.CONFIGS")
+
+
+def model_id(name: str) -> str:
+    """The SAM 2.1 size a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
+    for full, reduced, _ in SIZES.values():
+        if name in (full, reduced):
+            return full
+    return name

@@ -1,0 +1,1 @@
+"""Export targets: one module per runtime, each a build / convert / verify trio."""

@@ -1,0 +1,385 @@
+"""ExecuTorch XNNPACK export: build -> (quantize) -> lower -> verify -> bundle (reference card 002).
+
+Writes ``encoder.pte`` (``XnnEncoderGraph``) and ``decoder.pte`` (``XnnDecoderGraph``, prompt encoder
+inside, ``MAX_POINTS`` prompt slots), ``fidelity.json``, ``card.json``, ``manifest.json``; I/O of both
+programs in ``sam2edge.runtime.executorch_backend``.
+
+Model: ``Rewrites(transposed_conv="matmul")`` (the 2x2 transposed convolutions as GEMMs, faster than XNNPACK's
+deconvolution; the zero-stuff form would need zero-filled tensors it cannot make), rank-4 math attention,
+overflow-safe LayerNorm; the graph legalization of ``executorch_lower`` puts LayerNorm, attention and (fp32)
+GELU in the delegate.
+Precisions (I/O fp32 for all):
+  fp32  as is;
+  fp16  the encoder ``model.half()`` (GELU as an erf-free exact form inside the delegate: XNNPACK's own fp16
+        GELU is an approximation, see ``executorch_lower``); the decoder stays fp32, built from the fp32
+        weights: fp16 rounding accumulates ~1e-3 relative error per two-way transformer stage, which at full
+        decoder width drops the median mask IoU below the 0.999 bar for some checkpoints (issue 15;
+        ``export.kept.FP32_KEPT``);
+  int8  dynamic int8 (per-channel symmetric weights, per-token activations) on every Linear of the
+        encoder via the XNNPACK quantizer (torchao pt2e); the decoder stays fp32 (4.2 M parameters; its
+        int8 lowering fails in XNNPACK's ChannelsLastTaggedReshapePass on the mask-input LayerNorm2d).
+        Must pass the int8 bar or is refused.
+Everything else (out-folder guard, weights, fidelity against eager fp32 with the ONE bar table of
+``checks.fidelity.bars`` - fp16 now needs worst IoU >= 0.99 as `sam2edge verify` always did, not 0.95 -,
+the atomic write) is ``sam2edge.export.pipeline``; the size check (file bytes vs parameter bytes) is this
+target's check: a program over its limit fails the bundle like a bar.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sam2edge.checks.fidelity.bars import BARS
+from sam2edge.checks.fidelity.measure import MIN_CLICKS
+from sam2edge.config import Sam2Config
+from sam2edge.export import batched as bat
+from sam2edge.export import video as vid
+from sam2edge.export.executorch_graphs import (
+    XnnBatchedDecoderGraph,
+    XnnDecoderGraph,
+    XnnEncoderGraph,
+    XnnGivenDecoderGraph,
+    XnnImageProjectionsGraph,
+    batched_decoder_inputs,
+    decoder_inputs,
+    encoder_inputs,
+    given_decoder_inputs,
+)
+from sam2edge.export.executorch_lower import lower
+from sam2edge.export.pipeline import TargetSpec, run_export
+from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.runtime.executorch_backend import (
+    BATCHED_DECODER_FILE,
+    DECODER_CPU_FILE,
+    DECODER_FILE,
+    DECODER_PREP_FILE,
+    ENCODER_FILE,
+    MAX_POINTS,
+    ExecuTorchBackend,
+)
+
+# the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
+# decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18); the upscaling
+# channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK (with the positional
+# encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click,
+# `benchmarks/bench_executorch_forms.py --graph decoder`, notes/issue-16.md, session 28). LiteRT's CPU decoder
+# stays NCHW: its converter places the transposes itself, and channels-last ran slower there (35.7 vs 37.1 ms,
+# `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
+# Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
+# layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
+# Hiera's q / k / v as three products (exact): no slice copies of the fused output (fp32 1828 -> 1737 ms, int8
+# 1168 -> 1109 ms p50, `--graph encoder [--int8]`, notes/issue-16.md, session 29).
+REWRITES = Rewrites(
+    transposed_conv="matmul",
+    mask_head="matmul",
+    upscale_layout="nhwc",
+    q_pool="maxima",
+    qkv="split",
+    texture_limit=0,
+)
+# (no token_fold: 16 prompt slots make 22 tokens, and 8 heads x 22 > the inner width 128: folding would cost more)
+FP32_COSINE = BARS["fp32"]["min_cosine"]
+ACCURACY_BAR = BARS["int8"]["min_iou_worst"]  # int8's worst end-to-end mask IoU vs the fp32 pipeline
+FIDELITY_CLICKS = MIN_CLICKS
+SIZE_RATIO_MAX = 1.05  # file bytes / parameter bytes at that precision ...
+GRAPH_BYTES_PER_OP = 256  # ... plus the serialized graph description (~170 B per operator measured at test-small)
+DECODER_PARTS = ("sam_prompt_encoder.", "sam_mask_decoder.")
+ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
+
+
+def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
+    model = build_sam2(cfg, REWRITES)
+    model.load_state_dict(sd)
+    return model.half() if precision == "fp16" else model
+
+
+def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
+    """Dynamic int8 (XNNPACK quantizer) of the linear products (``aten.linear``): per-channel int8 weights,
+    activations quantized per call. The convolutions (patch embedding, FPN laterals, conv_s0 / conv_s1) stay
+    fp32: a dynamically quantized convolution sends XNNPACK's ChannelsLastTaggedReshapePass down its
+    dynamic-quant path, which follows first arguments back through the graph and re-lays out the tensor it
+    ends at, so the program failed shape propagation at run time with the pooling maxima (session 29,
+    notes/issue-16.md)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        LINEAR_TARGETS,
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+
+    def is_linear(node: torch.fx.Node) -> bool:  # nn.Linear layers and Hiera's split q / k / v products
+        return node.target in LINEAR_TARGETS
+
+    quantizer = XNNPACKQuantizer().set_global(config).set_filter_function(is_linear)
+    with torch.no_grad():
+        graph = torch.export.export(module, args, strict=False).module()
+        prepared = prepare_pt2e(graph, quantizer)
+        prepared(*args)
+        return convert_pt2e(prepared)
+
+
+def lower_program(module: torch.nn.Module, args: tuple, precision: str, role: str):
+    """-> (ExecutorchProgramManager, Census) for one graph at one precision (int8: the encoder only)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    if precision == "int8" and role == "encoder":
+        module = _quantize_int8(module, args)
+    return lower(module, args, [XnnpackPartitioner()])
+
+
+def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
+    """Bytes of the parameters each program holds, at ``precision``.
+
+    int8: encoder Linear weights 1 byte each + one fp32 scale per output channel; everything else fp32.
+    fp16: encoder parameters 2 bytes each, decoder parameters 4 (the decoder program is fp32), except
+    convolution weights and biases: ``CONV_STORED_BYTES``.
+    """
+    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    conv = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) for k in ("weight", "bias")}
+    out = {"encoder": 0, "decoder": 0}
+    for name, p in model.named_parameters():
+        part = "decoder" if name.startswith(DECODER_PARTS) and not name.startswith(ENCODER_ONLY) else "encoder"
+        if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS):
+            size = p.numel() + 4 * p.shape[0]
+        else:  # fp16: the encoder's parameters only (decoder.pte is fp32), convolutions' kept fp32
+            half = precision == "fp16" and part == "encoder" and name not in conv
+            size = p.numel() * (2 if half else CONV_STORED_BYTES if name in conv else 4)
+        out[part] += size
+    return out
+
+
+# ExecuTorch's XNNPACK backend serializes every convolution's weight and bias as fp32, in fp16 programs too
+# (backends/xnnpack/operators/op_conv2d.py: define_tensor(..., force_fp32=True)); XNNPACK converts them when
+# it packs the fp16 operator. Measured in the test-small fp16 memory encoder: each of its 13 conv tensors is
+# stored fp32 beside fp16 Linears (the 256x64x3x3 downsampler weight alone is 589,824 bytes).
+CONV_STORED_BYTES = 4  # per element of a convolution's weight or bias, at every precision but int8's
+
+
+def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
+    """Bytes of the parameters, buffers and constants the graph of ``module`` on ``args`` uses (``torch.export``
+    lifts every tensor of the module; only placeholders with users reach the program), as XNNPACK stores
+    them: at their dtype, a convolution's weight and bias at fp32 (``CONV_STORED_BYTES``)."""
+    with torch.no_grad():
+        ep = torch.export.export(module, args, strict=False)
+    sig, stored = ep.graph_signature, {**ep.state_dict, **ep.constants}
+    lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    convs = [
+        n for n in ep.graph.nodes if n.target in (torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default)
+    ]
+    conv_in = {a.name for n in convs for a in n.args[1:3] if isinstance(a, torch.fx.Node)}
+    used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    total = 0
+    for p, t in lifted.items():
+        tensor = stored.get(t)
+        if p in used and isinstance(tensor, torch.Tensor):
+            conv = p in conv_in and tensor.is_floating_point()
+            total += tensor.numel() * (CONV_STORED_BYTES if conv else tensor.element_size())
+    return total
+
+
+# operator left outside XNNPACK in a video program or the batched decoder -> why (card.json
+# extra.outside_delegate_why); the batched decoder's entries were read off its lowered graph at test-small
+OUTSIDE_WHY = {
+    "eq": "comparison (slot index / label one-hot, label == -1 pad, candidate IoU == max): XNNPACK has no "
+    "comparison operators",
+    "ne": "comparison (label != -2: ignored prompt slot): XNNPACK has no comparison operators",
+    "gt": "comparison (object present / binarise mask > 0 / stability counts logits > +-delta, union > 0): "
+    "XNNPACK has no comparison operators",
+    "ge": "comparison (stability >= threshold, SAM 2.1's single-mask choice): XNNPACK has no comparison operators",
+    "bitwise_and": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_or": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "bitwise_not": "boolean logic of the single-mask choice's first-max tie break: XNNPACK has no boolean operators",
+    "where": "select on a comparison (pad-point token, stability of an empty union, stable single mask vs best "
+    "candidate): XNNPACK has no select operator",
+    "max": "max.dim (values and indices) over the candidates' IoU (B, 3) for the single-mask choice, not claimed "
+    "by XnnpackPartitioner",
+    "cat": "concatenations XNNPACK cannot take: the tie break's boolean one-hot columns (bool tensors) and the "
+    "decoder's output tokens repeated to B rows (B inputs; its concatenate takes a few)",
+    "dim_order_ops": "dtype cast of a comparison result (bool -> float), or of an fp16 program's fp32 inputs "
+    "and outputs, a portable copy",
+    "arange": "index range of a sine encoding / one-hot, computed by the portable runtime (not constant-folded)",
+    "pow": "sine-encoding frequencies 10000^(2i/C) (not constant-folded), one small portable op",
+    "div": "sine-encoding positions / frequencies (not constant-folded), one small portable op",
+    "mm": "small matmuls the partitioner leaves out: outer products with ones (slot masks and pointer encodings "
+    "repeated, contraction 1) and one-hot (K, T) @ temporal encodings (T, M)",
+    "full": "the ones of those outer products, a portable fill",
+    "expand_copy": "broadcast of a (1, 1, C) token or bias, or of the output tokens' valid flags, to its batch, "
+    "a portable copy",
+    "full_like": "constant tensor (no-mask / ignored-slot branch, output tokens' valid flags, tie-break start, "
+    "stability of an empty union), a portable fill",
+    "alias_copy": "view between delegate partitions (no arithmetic)",
+    "squeeze_copy": "view between delegate partitions (no arithmetic)",
+    "unsqueeze_copy": "view between delegate partitions (no arithmetic)",
+    "slice_copy": "view between delegate partitions (no arithmetic)",
+    "view_copy": "view between delegate partitions (no arithmetic)",
+}
+
+
+def outside_why(census: dict) -> dict[str, dict[str, str]]:
+    """Program -> operator outside the delegate -> why, for the video programs and the batched decoder."""
+    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+
+    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()} | {BATCHED_DECODER_FILE.split(".")[0]}
+    unknown = "not claimed by XnnpackPartitioner (reason not investigated)"
+    return {
+        f: {op: OUTSIDE_WHY.get(op, unknown) for op in c["outside_delegate"]}
+        for f, c in census.items()
+        if f.split(".")[0] in stems
+    }
+
+
+def decoder_model(job) -> Sam2ImageModel:
+    """The model of decoder.pte: fp32 at every precision (fp16: rebuilt from the fp32 weights)."""
+    return build_model(job.sd, job.cfg, "fp32") if job.precision == "fp16" else job.model
+
+
+def _graphs(job) -> dict:
+    decoder = decoder_model(job)  # fp32 at every precision: every decoder (FP32_KEPT, notes/issue-15.md)
+    click = decoder_inputs(job.cfg, MAX_POINTS)
+    return {
+        ENCODER_FILE: ("encoder", XnnEncoderGraph(job.model), encoder_inputs(job.cfg)),
+        DECODER_FILE: ("decoder", XnnDecoderGraph(decoder), click),
+        # what the runtime runs: the image projections once per image, then a decoder given them
+        DECODER_PREP_FILE: ("decoder-prep", XnnImageProjectionsGraph(decoder), (click[0], *click[5:])),
+        DECODER_CPU_FILE: ("decoder-cpu", XnnGivenDecoderGraph(decoder), given_decoder_inputs(decoder, click)),
+        BATCHED_DECODER_FILE: (
+            "decoder-batched",
+            XnnBatchedDecoderGraph(decoder),
+            batched_decoder_inputs(job.cfg, bat.batch_size(job)),
+        ),
+    }
+
+
+def _backend(job, decoder: str | None = None) -> ExecuTorchBackend:
+    """The staged bundle's backend (``decoder`` None: the prep + decoder_cpu.pte pair, as the runtime runs
+    it), with the batched decoder when the job wrote it."""
+    batched = BATCHED_DECODER_FILE if BATCHED_DECODER_FILE in job.files else None
+    return ExecuTorchBackend(job.folder, job.cfg, batched=batched, decoder=decoder)
+
+
+def contract_decoder_fidelity(job) -> dict:
+    """``decoder.pte`` (card 002's one-decoder contract, for apps that run it alone) measured like the
+    bundle, whose runtime runs the prep + ``decoder_cpu.pte``: ``Job.measure_decoder``."""
+    return job.measure_decoder(_backend(job, DECODER_FILE), DECODER_FILE, "the contract decoder")
+
+
+def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
+    """Lower one program and measure it against its size limit (kept in job.state for the size check)."""
+    role = file.split(".")[0]
+    prog, counts = lower_program(module, args, job.precision, role)
+    (job.folder / file).write_bytes(prog.buffer)
+    del prog
+    params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision)
+    job.state["params"] = params
+    if role not in params:  # a video graph: the tensors its exported program holds, at their dtype
+        params[role] = program_tensor_bytes(module, args)
+    job.state.setdefault("census", {})[file] = counts.as_dict()
+    size = (job.folder / file).stat().st_size
+    limit = int(SIZE_RATIO_MAX * params[role] + GRAPH_BYTES_PER_OP * counts.total_ops)
+    job.state.setdefault("sizes", {})[file] = {
+        "bytes": size,
+        "parameter_bytes": params[role],
+        "ratio": round(size / params[role], 4),
+        "limit_bytes": limit,
+    }
+
+
+def size_check(job) -> dict:
+    """Each program's bytes vs SIZE_RATIO_MAX x its parameter bytes (+ the graph description)."""
+    sizes = job.state["sizes"]
+    return {
+        "files": sizes,
+        "failures": [
+            f"{n} is {s['ratio']:.3f}x its parameter bytes ({s['bytes']} > limit {s['limit_bytes']})"
+            for n, s in sizes.items()
+            if s["bytes"] > s["limit_bytes"]
+        ],
+    }
+
+
+def _extra(job) -> dict:
+    return {
+        "max_points": MAX_POINTS,
+        "batch": bat.batch_size(job),  # prompts per call of decoder_batched.pte
+        "delegation": job.state["census"],
+        "outside_delegate_why": outside_why(job.state["census"]),
+        "sizes": job.state["sizes"],
+        "rewrites": REWRITES.__dict__,
+        "decoders": {
+            "runtime": f"{DECODER_PREP_FILE} once per image and mask input, then {DECODER_CPU_FILE} per click",
+            "contract": f"{DECODER_FILE}: the same answers from one program (card 002's I/O)",
+        },
+        "prompt_layout": (
+            f"points [1,1,{MAX_POINTS},2] / labels [1,1,{MAX_POINTS}] int64: box corners (2, 3), points (1, 0), "
+            "one pad (-1), then ignored slots (-2); (X, Y) in model-input pixels"
+        ),
+        "preprocess": "resize to SxS bilinear, /255, mean (0.485,0.456,0.406), std (0.229,0.224,0.225), NCHW",
+    }
+
+
+def export_executorch(
+    cfg: Sam2Config,
+    config_name: str,
+    checkpoint: str | None,
+    precision: str,
+    out: str | Path,
+    *,
+    force: bool = False,
+    command: str = "",
+    num_clicks: int = FIDELITY_CLICKS,
+) -> dict:
+    """``run_export`` for ExecuTorch XNNPACK at ``cfg``'s resolution; returns the card."""
+    return run_export(
+        "executorch",
+        config_name,
+        precision,
+        out,
+        resolution=cfg.image_size,
+        checkpoint=checkpoint,
+        force=force,
+        command=command,
+        clicks=num_clicks,
+    )
+
+
+def summary(card: dict, out: Path) -> str:
+    fid, ex = card["fidelity"], card["extra"]
+    lines = [f"bundle: {out.resolve()} ({card['precision']}, {card['resolution']}px, status {card['status']})"]
+    width = max(map(len, ex["sizes"]))
+    for name, s in ex["sizes"].items():
+        d = ex["delegation"][name]
+        lines.append(
+            f"  {name:<{width}} {s['bytes'] / 1e6:8.2f} MB = {s['ratio']:.3f}x parameters; "
+            f"{d['delegated_ops']}/{d['total_ops']} ops delegated in {d['delegates']} XNNPACK partition(s)"
+        )
+    worst = min(fid["outputs"].items(), key=lambda kv: kv[1]["cosine"])
+    e2e = fid["end_to_end"]
+    lines.append(
+        f"  worst output cosine {worst[1]['cosine']:.7f} ({worst[0]}); mask IoU vs fp32 over {e2e['clicks']} "
+        f"clicks: median {e2e['iou_median']:.4f}, worst {e2e['iou_worst']:.4f}"
+    )
+    if fid["failures"]:
+        lines.append("  FAILED: " + "; ".join(fid["failures"]))
+    return "\n".join(lines)
+
+
+SPEC = TargetSpec(
+    name="executorch",
+    rewrites=REWRITES,
+    graphs=_graphs,
+    convert=_convert,
+    open_backend=_backend,
+    extra=_extra,
+    summary=summary,
+    model=lambda sd, cfg, precision, rewrites: build_model(sd, cfg, precision),
+    checks={
+        "size": size_check,
+        "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),
+        "contract_decoder": contract_decoder_fidelity,
+    },
+    video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
+)

@@ -1,0 +1,88 @@
+"""What a reduced-precision export computes in fp32, and why (card.json ``extra.fp32_kept``; issue 15).
+
+``FP32_KEPT[target][precision]`` = {part kept in fp32: why}. The export pipeline copies the entry of its
+(target, precision) into card.json, so a bundle's card states what *its* export did (``sam2edge card
+render`` prints it next to the measured worst / median mask IoU). Evidence: notes/issue-15.md.
+"""
+
+from __future__ import annotations
+
+# the measured reason the fp16 decoders stay fp32 (sam2edge diagnose, test-small-wide-decoder, 40 clicks)
+_DECODER_FP16 = (
+    "in fp16 the two-way transformer loses ~1e-3 relative accuracy per stage (no overflow, no single op: "
+    "sam2edge diagnose finds none over 1e-2), which flips mask pixels near the boundary: median mask IoU "
+    "0.9985 < 0.999 at the full decoder width for checkpoint synthetic:3 (0.9996 with this decoder in fp32); "
+    "keeping only the mask head in fp32 did not help (0.9986), the transformer alone did (0.9991)"
+)
+# the measured reason LiteRT's fp16 bundles keep the decoder graphs' weights fp32 (issue 19, notes/issue-19.md)
+_DECODER_FP16_WEIGHTS = (
+    "with every weight rounded to fp16, sam2.1-hiera-large (synthetic weights) missed the fp16 bars: seed 0 median "
+    "0.9990 < 0.999 at export (eager emulation 0.99881), seed 1 worst 0.98640 < 0.99 (emulation); with the "
+    "decoder's weights fp32 the emulation holds: seed 0 median 0.99906, seed 1 worst 0.99258 and median 0.99943"
+)
+_IO = "fp32 inputs and outputs, cast at the graph edges"
+_INT8_DECODER = (
+    "dynamic int8 of the decoder's Linear layers costs the int8 bar: LiteRT's CPU decoder at int8 ran 1.5x "
+    "faster (28.8 -> 19.6 ms p50 at 1024 px, benchmarks/bench_cpu_decoder.py precision=int8) but the end-to-end "
+    "worst mask IoU fell to 0.9263 < 0.95 (full-size Hiera-Tiny, synthetic weights, notes/issue-16.md session "
+    "29); the other targets' int8 is the same scheme"
+)
+
+FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
+    "executorch": {
+        "fp16": {
+            "decoder.pte, decoder_cpu.pte + decoder_prep.pte and decoder_batched.pte (prompt encoder + mask decoder)": (
+                _DECODER_FP16
+            ),
+            "graph inputs and outputs": _IO,
+        },
+        "int8": {
+            "decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder)": _INT8_DECODER
+            + "; its int8 lowering also fails in "
+            "XNNPACK's ChannelsLastTaggedReshapePass",
+            "encoder outside the Linear layers": "the XNNPACK quantizer is given the Linear layers only: dynamic "
+            "int8 leaves the attention products in fp32, and a quantised convolution broke the program at run "
+            "time (XNNPACK's channels-last pass, session 29)",
+        },
+    },
+    "onnx": {
+        "fp16": {
+            "decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder)": _DECODER_FP16,
+            "graph inputs and outputs": _IO,
+        },
+        "int8": {
+            "decoder.onnx": _INT8_DECODER,
+            "encoder outside MatMul": "onnxruntime dynamic quantisation of MatMul only",
+        },
+    },
+    "litert": {
+        "fp16": {
+            "decoder.tflite, decoder_cpu.tflite, decoder_batched.tflite and mask_encoder.tflite (prompt encoder + "
+            "mask decoder)": _DECODER_FP16_WEIGHTS,
+            "all activations (fp16 weights only)": "full_fp16_recipe stores weights in fp16 and the CPU kernels "
+            "compute in fp32",
+        },
+        "int8": {
+            "decoder": _INT8_DECODER,
+            "activations": "dynamic-range int8: int8 weights, activations quantised per call, fp32 elsewhere",
+        },
+    },
+}
+
+
+# int8 --video, every target (notes/issue-18.md, session 25)
+_VIDEO_INT8 = (
+    "the memory attention's time is in its activation x activation products (scores and P @ v over 28736 keys), "
+    "which dynamic int8 leaves in fp32: int8 weights made the full-size LiteRT graph only 1.08x faster (2442 -> "
+    "2251 ms) for an output error of 1.1 % of its scale (benchmarks/bench_memory_attention.py); the memory "
+    "encoder and the video decoder are under 5 % of a frame"
+)
+VIDEO_FP32_KEPT: dict[str, dict[str, str]] = {
+    "int8": {"video graphs (memory attention, memory encoder, video decoder)": _VIDEO_INT8},
+}
+
+
+def fp32_kept(target: str, precision: str, video: bool = False) -> dict[str, str]:
+    """{part kept in fp32: why} for an export of ``target`` at ``precision`` (``video``: with ``--video``;
+    empty: none recorded)."""
+    return {**FP32_KEPT.get(target, {}).get(precision, {}), **(VIDEO_FP32_KEPT.get(precision, {}) if video else {})}

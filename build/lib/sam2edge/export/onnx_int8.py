@@ -1,0 +1,102 @@
+"""ONNX int8: onnxruntime dynamic quantisation of the encoder, one portable file and one for VNNI CPUs.
+
+int8 = the encoder's MatMuls with constant weights quantised per output channel; activations are quantised
+per call (MatMulInteger / DynamicQuantizeLinear). The decoder stays fp32 like ExecuTorch's int8 (at int8 it
+misses the int8 bar: ``export.kept._INT8_DECODER``).
+
+Why two encoder files. onnxruntime multiplies u8 activations by the weights with kernels chosen per CPU:
+  - u8 x s8 (signed weights) runs VNNI's VPDPBUSD on CPUs that have it (exact int32 sums), but on x86 CPUs
+    without VNNI (AVX2 only: many AMD EPYC, older Intel) VPMADDUBSW, whose int16 pair sums saturate with
+    8-bit weights: worst click IoU 0.78-0.80 at test-small on an AVX2-only EPYC.
+  - u8 x u8 never saturates, but has no VNNI fast path.
+So ``encoder.onnx`` (every CPU) holds u8 weights, and ``encoder_vnni.onnx`` (role ``encoder-vnni``) s8 weights.
+Full-size Hiera-Tiny, one interleaved run on a 2-core Xeon with AVX-512 VNNI
+(``benchmarks/bench_targets.py``, notes/issue-16.md session 24): encoder 1598 ms (u8) and 1197 ms (s8)
+against fp32's 1750 ms at 2 threads. The VNNI file is written only when the exporting CPU has VNNI, so that
+its fidelity is measured on the kernels that will run it (``vnni_check``, the same bars as the bundle); one
+that misses a bar is left out and ``fidelity.json`` ``checks.int8_vnni`` says why. The ONNX backend opens it
+on CPUs with VNNI (``runtime.onnx_backend.pick_encoder``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sam2edge.checks.fidelity.bars import bars_for
+from sam2edge.checks.fidelity.measure import measure_backend
+from sam2edge.errors import UserError
+from sam2edge.export import video as vid
+from sam2edge.runtime import onnx_backend as ob
+
+INT8_OPS = ("MatMul",)
+# weight formats: name -> (onnxruntime weight type, reduce_range). 7-bit signed weights avoid the saturation
+# but lose precision: full-size worst click IoU 0.8987, refused (benchmarks/bench_int8_range.py, session 23)
+INT8_WEIGHTS = {
+    "u8": ("QUInt8", False),
+    "s8": ("QInt8", False),
+    "s8-7bit": ("QInt8", True),
+}
+PORTABLE_WEIGHTS, VNNI_WEIGHTS = "u8", "s8"
+
+
+def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS) -> dict:
+    """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel, format ``weights`` of
+    ``INT8_WEIGHTS``) into ``dst``."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weight_type, reduce_range = INT8_WEIGHTS[weights]
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        weight_type=getattr(QuantType, weight_type),
+        per_channel=True,
+        reduce_range=reduce_range,
+        op_types_to_quantize=INT8_OPS,
+    )
+    ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
+    return {
+        "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
+        "MatMulInteger": ops.count("MatMulInteger"),
+    }
+
+
+def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
+    """The portable int8 encoder of ``opt`` (returned, for the caller to finish as encoder.onnx) and, on a
+    VNNI CPU, ``encoder_vnni.onnx`` finished by ``finish(src, dst)`` into the bundle."""
+    portable = work / "int8_encoder.onnx"
+    census = job.state["census"]["encoder"]
+    census["int8"] = quantize_int8(opt, portable, PORTABLE_WEIGHTS)
+    if ob.has_vnni():
+        vnni = work / "int8_encoder_vnni.onnx"
+        census["int8_vnni"] = quantize_int8(opt, vnni, VNNI_WEIGHTS)
+        finish(vnni, job.folder / ob.VNNI_ENCODER_FILE)
+        job.files[ob.VNNI_ENCODER_FILE] = ob.VNNI_ENCODER_ROLE
+    return portable
+
+
+def vnni_check(job, decoder: Path) -> dict | None:
+    """The VNNI encoder with ``decoder`` against the job's eager reference, at the int8 bars (with the job's
+    overrides; with ``--video`` the clip too, this file the frame encoder); a file that misses one is removed
+    from the bundle. None where the bundle is not int8."""
+    if job.precision != "int8":
+        return None
+    path = job.folder / ob.VNNI_ENCODER_FILE
+    if ob.VNNI_ENCODER_FILE not in job.files:
+        return {"shipped": False, "why": "the exporting CPU has no VNNI, so u8 x s8 could not be measured here"}
+    try:
+        backend = ob.OnnxBackend.from_files(path, decoder, job.cfg)
+    except UserError as e:
+        raise RuntimeError(f"{path.name} does not load: {e}") from None
+    res = measure_backend(job.reference(), backend, "int8", clicks=job.clicks, bars=job.bars)
+    out = {"end_to_end": res["end_to_end"], "bars": bars_for("int8", job.bars)}
+    failures = list(res["failures"])
+    if job.vcfg is not None:  # --video: the clip, tracked with this file as the frame encoder
+        clip = vid.measure(job, backend, job.bars)
+        out["video"] = {k: clip[k] for k in ("per_frame_iou", "iou_worst", "iou_median")}
+        failures += clip["failures"]
+    if failures:
+        path.unlink()
+        del job.files[ob.VNNI_ENCODER_FILE]
+        return {"shipped": False, "why": f"missed the int8 bars: {failures[0]}", **out}
+    return {"shipped": True, "file": ob.VNNI_ENCODER_FILE, **out}

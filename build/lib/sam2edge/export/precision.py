@@ -1,0 +1,251 @@
+"""Reduced-precision emulations per export target, and what each target keeps in fp32 (card data).
+
+``EMULATIONS[target]`` rebuilds, in eager PyTorch, the arithmetic a target's fp16 program performs, so
+``sam2edge diagnose`` can hook every layer (the exported runtimes cannot be hooked). All three use the
+ExecuTorch I/O graphs (``XnnEncoderGraph`` / ``XnnDecoderGraph``: same functions as every target's
+graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
+
+  executorch  encoder ``model.half()``: every weight and activation fp16 (XNNPACK fp16 kernels); the
+              decoder graph fp32 (decoder.pte is fp32 in an fp16 bundle, ``FP32_KEPT``);
+  onnx        the same with ONNX's rewrites (native LayerNormalization): the fp16 encoder graph the ONNX
+              exporter traces (onnxruntime's CPU provider runs some fp16 ops in fp32 behind casts,
+              so the emulation is the stricter of the two), fp32 decoder.onnx;
+  litert      fp32 arithmetic on fp16-rounded encoder weights: litert-torch's ``full_fp16_recipe`` stores
+              weights as fp16 and the CPU kernels dequantize them (activations stay fp32); the decoder
+              graphs keep fp32 weights (``FP32_KEPT``).
+
+``FP32_KEPT[target][precision]`` (``export.kept``) lists, for the card, what a target's reduced-precision
+export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs behind them (issue 15,
+notes/issue-15.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sam2edge.config import Sam2Config
+from sam2edge.export.executorch import REWRITES as EXECUTORCH_REWRITES
+from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph
+from sam2edge.export.kept import FP32_KEPT  # noqa: F401  (card data, re-exported)
+from sam2edge.export.onnx import ONNX_REWRITES
+from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.runtime.backends import Decoded, Features
+from sam2edge.runtime.executorch_backend import MAX_POINTS, pad_prompt
+
+
+def fp16_compute(model: Sam2ImageModel) -> Sam2ImageModel:
+    """Every weight and activation in fp16 (XNNPACK / onnx fp16 graphs)."""
+    return copy.deepcopy(model).half()
+
+
+def fp16_weights(model: Sam2ImageModel) -> Sam2ImageModel:
+    """fp32 arithmetic on weights rounded to fp16 (LiteRT's fp16 recipe on CPU)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.copy_(p.half().float())
+    for m in out.modules():  # re-bake constants derived from the rounded weights
+        if hasattr(m, "refresh_constants"):
+            m.refresh_constants()
+    return out
+
+
+@dataclass(frozen=True)
+class Emulation:
+    rewrites: Rewrites  # the target's model build
+    reduce: Callable[[Sam2ImageModel], Sam2ImageModel]  # fp32 model -> reduced-precision model
+    arithmetic: str  # one line for reports
+    decoder_fp32: bool = False  # the fp16 export keeps its decoder graph in fp32 (FP32_KEPT)
+
+
+EMULATIONS: dict[str, Emulation] = {
+    "executorch": Emulation(EXECUTORCH_REWRITES, fp16_compute, "fp16 encoder, fp32 decoder", decoder_fp32=True),
+    "onnx": Emulation(ONNX_REWRITES, fp16_compute, "fp16 encoder, fp32 decoder", decoder_fp32=True),
+    "litert": Emulation(Rewrites(), fp16_weights, "fp16 encoder weights, fp32 activations and decoder", True),
+}
+
+# Not kept in fp32 but rewritten (every target): LayerNorm statistics as ``Rewrites.layer_norm="scaled"``,
+# because "safe" squares (x - mean) / sqrt(C), which overflows fp16 once |x - mean| > 256 sqrt(C).
+REWRITTEN = {
+    "LayerNorm / LayerNorm2d": 'Rewrites.layer_norm="scaled": statistics of (x - mean) / mean|x - mean|, every '
+    "intermediate in [0, C] whatever the scale of x (was: inf in the decoder's norm2 for a range-stressed checkpoint)",
+}
+
+
+# Measured (issue 15, test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations)
+# with the emulated graphs of ``EMULATIONS`` (the CI test's computation); checkpoint -> (worst, median)
+FP16_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
+    "litert": {  # fp32 decoder weights (session 15; notes/issue-19.md)
+        "synthetic:3": (0.9982, 0.9997),
+        "synthetic:1": (0.9989, 0.9997),
+        "synthetic:3:range4": (0.9983, 0.9997),
+    },
+    "onnx": {"synthetic:3": (0.9979, 0.9996), "synthetic:1": (0.9987, 0.9994), "synthetic:3:range4": (0.9980, 0.9996)},
+    "executorch": {
+        "synthetic:3": (0.9980, 0.9996),
+        "synthetic:1": (0.9985, 0.9992),
+        "synthetic:3:range4": (0.9981, 0.9995),
+    },
+}
+# test-small, int8 encoder as the XNNPACK quantizer's converted module, fp32 decoder
+INT8_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
+    "executorch": {
+        "synthetic:1": (0.9741, 0.9930),
+        "synthetic:2": (0.9641, 0.9932),
+        "synthetic:0:range4": (0.9877, 0.9942),
+    },
+}
+MEASURED_HOW = (
+    "eager emulation of each target's arithmetic (sam2edge.export.precision), 40 clicks; fp16 at "
+    "test-small-wide-decoder (fp16 encoder, fp32 decoder), int8 at test-small"
+)
+
+
+class _Program:
+    def __init__(self, graph: nn.Module) -> None:
+        self.graph = graph  # already in eval mode (a quantized GraphModule refuses .eval())
+
+    @torch.no_grad()
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.graph(*xs))
+
+
+class GraphBackend:
+    """A backend (``runtime.backends`` protocol) over the two eager graphs; remembers its last inputs."""
+
+    name = "emulation"
+
+    def __init__(
+        self,
+        model: Sam2ImageModel,
+        cfg: Sam2Config,
+        encoder_graph: nn.Module | None = None,
+        decoder_model: Sam2ImageModel | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.encoder_graph = encoder_graph if encoder_graph is not None else XnnEncoderGraph(model).eval()
+        self.decoder_graph = XnnDecoderGraph(decoder_model if decoder_model is not None else model).eval()
+        self.last_encoder_inputs: tuple = ()
+        self.last_decoder_inputs: tuple = ()
+
+    def encode(self, image) -> Features:
+        x = (torch.as_tensor(image, dtype=torch.float32),)
+        self.last_encoder_inputs = x
+        return Features(*(t.numpy() for t in _Program(self.encoder_graph)(*x)))
+
+    def decode(self, feats: Features, coords, labels, mask_input) -> Decoded:
+        import numpy as np
+
+        pts, lab = pad_prompt(coords, labels, MAX_POINTS)
+        side = 4 * self.cfg.image_embedding_size
+        has = np.zeros((1,), np.float32) if mask_input is None else np.ones((1,), np.float32)
+        mask = np.zeros((1, 1, side, side), np.float32) if mask_input is None else mask_input
+        ins = [feats.image_embed, feats.feat_s0, feats.feat_s1, pts, lab, mask, has]
+        x = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in ins)
+        self.last_decoder_inputs = x
+        return Decoded(*(t.numpy() for t in _Program(self.decoder_graph)(*x)))
+
+
+def emulated_pair(sd: dict, cfg: Sam2Config, target: str) -> tuple[GraphBackend, GraphBackend]:
+    """(fp32 graphs, reduced-precision graphs) of ``target`` for state dict ``sd``."""
+    emu = EMULATIONS[target]
+    model = build_sam2(cfg, emu.rewrites)
+    model.load_state_dict(sd)
+    model.eval()
+    reduced = emu.reduce(model).eval()
+    return GraphBackend(model, cfg), GraphBackend(reduced, cfg, decoder_model=model if emu.decoder_fp32 else None)
+
+
+def int8_emulation(sd: dict, cfg: Sam2Config) -> GraphBackend:
+    """ExecuTorch int8: the encoder graph after the XNNPACK quantizer's prepare/convert (its quantize /
+    dequantize ops run in eager, i.e. the int8 rounding of weights and activations), fp32 decoder."""
+    from sam2edge.export.executorch import _quantize_int8, build_model
+    from sam2edge.export.executorch_graphs import encoder_inputs
+
+    model = build_model(sd, cfg, "int8").eval()
+    return GraphBackend(model, cfg, _quantize_int8(XnnEncoderGraph(model).eval(), encoder_inputs(cfg)))
+
+
+def _ious(ref, test, prompts) -> list[float]:
+    """Mask IoU per prompt of ``test`` vs ``ref`` predictors at the reference's chosen candidate."""
+    import numpy as np
+
+    from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
+
+    return [
+        mask_iou(tm[int(np.argmax(rs))], rm[int(np.argmax(rs))])
+        for _, (rm, rs, _), (tm, _, _) in predict_pairs(ref, test, prompts)
+    ]
+
+
+def _localize_stage(ref_graph: nn.Module, test_graph: nn.Module, inputs: tuple, top: int) -> dict:
+    from sam2edge.checks.fidelity import localize as lz
+
+    modules = lz.module_errors(ref_graph, test_graph, inputs)
+    ops = lz.op_errors(ref_graph, inputs)
+    jump, op_jump = lz.first_jump(modules), lz.first_jump(ops)
+    return {
+        "first_module_jump": jump and lz.as_rows([jump])[0],
+        "first_op_jump": op_jump and lz.as_rows([op_jump])[0],
+        "worst_ops": lz.as_rows(lz.worst(ops, top)),
+        "modules": lz.as_rows(modules),
+        "output": lz.as_rows(modules[-1:])[0] if modules else None,
+    }
+
+
+def diagnose(sd: dict, cfg: Sam2Config, target: str, num_clicks: int = 40, top: int = 8) -> dict:
+    """End-to-end IoU of ``target``'s fp16 emulation vs eager fp32 (upstream operations) over
+    ``click_set(num_clicks)``, then, for the worst click, per-module and per-op localization of
+    the encoder (on its photo) and of the decoder (fed the fp32 features, so its error is its own)."""
+    import numpy as np
+
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    prompts = click_set(num_clicks)
+    ref = Sam2Predictor(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
+    fp32_graphs, test_graphs = emulated_pair(sd, cfg, target)
+    fp32, test = Sam2Predictor(fp32_graphs), Sam2Predictor(test_graphs)
+    ious = _ious(ref, test, prompts)
+    w = int(np.argmin(ious))
+    p = prompts[w]
+    fp32_iou = _ious(ref, fp32, [p])[0]  # the fp32 graphs alone on the worst click (rewrites, not precision)
+    decoder_only = _ious(fp32, Sam2Predictor(_DecoderOnly(fp32_graphs, test_graphs)), [p])[0]
+    return {
+        "target": target,
+        "emulated_arithmetic": EMULATIONS[target].arithmetic,
+        "clicks": len(prompts),
+        "iou_worst": float(min(ious)),
+        "iou_median": float(np.median(ious)),
+        "worst_click": {"index": w, "photo": p.photo, "kind": p.kind, "iou": float(ious[w])},
+        "worst_click_iou_fp32_graphs": fp32_iou,
+        "worst_click_iou_reduced_decoder_only": decoder_only,
+        "encoder": _localize_stage(
+            fp32_graphs.encoder_graph, test_graphs.encoder_graph, fp32_graphs.last_encoder_inputs, top
+        ),
+        "decoder": _localize_stage(
+            fp32_graphs.decoder_graph, test_graphs.decoder_graph, fp32_graphs.last_decoder_inputs, top
+        ),
+    }
+
+
+class _DecoderOnly:
+    """fp32 encoder + reduced-precision decoder: how much of the loss is the decoder's own."""
+
+    name = "decoder-only"
+
+    def __init__(self, fp32: GraphBackend, test: GraphBackend) -> None:
+        self.cfg, self.fp32, self.test = fp32.cfg, fp32, test
+
+    def encode(self, image) -> Features:
+        return self.fp32.encode(image)
+
+    def decode(self, feats, coords, labels, mask_input) -> Decoded:
+        return self.test.decode(feats, coords, labels, mask_input)

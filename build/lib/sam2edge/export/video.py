@@ -1,0 +1,263 @@
+"""The video graphs of ``sam2edge export --video``: new entries of the one pipeline's graph set.
+
+Three graphs (I/O contract: ``sam2edge.runtime.video_bundle``), the same modules for every target; a
+target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp16: ``HalfGraph``):
+
+  memory-attention  the current frame conditioned on K spatial memory slots and P object pointers,
+                    each with a validity mask (an empty slot changes nothing)
+  memory-encoder    one frame's memory from its mask logits (binarised for point prompts) and features
+  video-decoder     the mask decoder with host-encoded prompt tokens + mask input, returning all four
+                    mask tokens, their IoU, the object score and the object pointers tracking needs
+
+plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
+(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's
+image encoder. Fidelity: ``checks.fidelity.video`` runs a clip through the staged bundle and through eager
+fp32 (upstream's operations), per frame.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from sam2edge.config import Sam2Config, Sam2VideoConfig
+from sam2edge.errors import UserError
+from sam2edge.model import UPSTREAM
+from sam2edge.model.memory_attention import rope_tables
+from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
+from sam2edge.runtime.litert_backend import TABLE_FILES, write_tables
+from sam2edge.runtime.prompts import prompt_tables
+from sam2edge.runtime.video_backend import EagerVideoBackend
+from sam2edge.runtime.video_bundle import (
+    CONST_FILE,
+    DEFAULT_VIDEO_TOKENS,
+    ROPE_FILE,
+    VIDEO_GRAPHS,
+    BundleVideoBackend,
+    const_layout,
+    video_file,
+)
+
+# int8: the frame encoder is the bundle's int8 encoder; the three video graphs stay fp32 (export.kept.VIDEO_FP32_KEPT)
+VIDEO_PRECISIONS = ("fp32", "fp16", "int8")
+GRAPH_SET_VIDEO: dict[str, str] = {
+    "memory-attention": "vision + K memory slots + P object pointers (validity masks) -> pix_feat 1xCxexe",
+    "memory-encoder": "vision + low-res mask logits, binarize, object score -> memory 1xMxexe",
+    "video-decoder": "pix_feat + feats + T prompt tokens + mask input -> 4 masks, iou, object score, pointers",
+}
+
+
+class MemoryAttentionGraph(nn.Module):
+    def __init__(self, model: Sam2VideoModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid, rope_cos, rope_sin):
+        rope = (rope_cos, rope_sin)  # (HW, C) inputs, not constants (see MemoryAttention.forward)
+        return self.model.memory_attention_step(vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid, rope)
+
+
+class MemoryEncoderGraph(nn.Module):
+    def __init__(self, model: Sam2VideoModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, vision, low_res, binarize, score):
+        return self.model.encode_memory(vision, low_res, binarize, score)
+
+
+class VideoDecoderGraph(nn.Module):
+    """Host-encoded prompt tokens (T slots, ignored slots removed) + mask input -> VideoDecoded fields."""
+
+    def __init__(self, model: Sam2VideoModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pix_feat, feat_s0, feat_s1, sparse_prompt, sparse_valid, mask_input, has_mask):
+        pe = self.model.sam_prompt_encoder
+        has = has_mask.reshape(1, 1, 1, 1)
+        dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense  # (1, C, e, e)
+        return self.model.decode_video(pix_feat, feat_s0, feat_s1, sparse_prompt, dense, sparse_valid)
+
+
+MODULES: dict[str, type[nn.Module]] = {
+    "memory-attention": MemoryAttentionGraph,
+    "memory-encoder": MemoryEncoderGraph,
+    "video-decoder": VideoDecoderGraph,
+}
+
+
+class HalfGraph(nn.Module):
+    """A graph with fp16 weights and activations; float inputs and outputs stay fp32. (The submodule is not
+    called ``graph``: torch.export's unlifted ``GraphModule`` has its own ``graph`` attribute, and the lifted
+    weights' paths under it then break ``ExportedProgram.module()``, which ExecuTorch's lowering calls.)"""
+
+    def __init__(self, graph: nn.Module) -> None:
+        super().__init__()
+        self.inner = copy.deepcopy(graph).half()
+
+    def forward(self, *args):
+        out = self.inner(*(a.half() if a.is_floating_point() else a for a in args))
+        out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        return tuple(o.float() for o in out)
+
+
+def samples(cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int) -> dict[str, dict[str, torch.Tensor]]:
+    """role -> named tracing inputs, in call order (half the slots valid)."""
+    c, e, m, k, p = cfg.d_model, cfg.image_embedding_size, vcfg.mem_dim, vcfg.memory_slots, vcfg.max_obj_ptrs
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    half = (torch.arange(k) < (k + 1) // 2).float().reshape(1, k)
+    rope = rope_tables(c, e, vcfg.attn_heads, vcfg.rope_theta)  # (HW, C) each
+    return {
+        "memory-attention": {
+            "vision": r(1, c, e, e),
+            "mem_feats": r(k, m, e, e),
+            "mem_tpos": torch.arange(k, dtype=torch.float32).reshape(1, k) % vcfg.num_maskmem,
+            "mem_valid": half,
+            "ptrs": r(p, c),
+            "ptr_pos": torch.linspace(-1, 1, p).reshape(1, p),
+            "ptr_valid": (torch.arange(p) < p // 2).float().reshape(1, p),
+            "rope_cos": rope[0].clone(),
+            "rope_sin": rope[1].clone(),
+        },
+        "memory-encoder": {
+            "vision": r(1, c, e, e),
+            "low_res": r(1, 1, 4 * e, 4 * e) * 4,
+            "binarize": torch.ones(1, 1),
+            "score": torch.ones(1, 1),
+        },
+        "video-decoder": {
+            "pix_feat": r(1, c, e, e),
+            "feat_s0": r(1, c // 8, 4 * e, 4 * e),
+            "feat_s1": r(1, c // 4, 2 * e, 2 * e),
+            "sparse_prompt": r(1, tokens, c),
+            "sparse_valid": (torch.arange(tokens) < 3).float().reshape(1, tokens),
+            "mask_input": r(1, 1, 4 * e, 4 * e),
+            "has_mask": torch.ones(1, 1),
+        },
+    }
+
+
+CLIP_NOTE = "two-object clip with a correction and reverse propagation"
+
+
+def check_request(spec, vcfg: Sam2VideoConfig, precision: str) -> Sam2VideoConfig:
+    """``vcfg`` if ``spec`` ships video graphs at ``precision``; else one line naming what is offered."""
+    if spec.video is None:
+        raise UserError(f"--video is not offered for --target {spec.name}; use litert, onnx or executorch")
+    if precision not in VIDEO_PRECISIONS:
+        raise UserError(f"--video offers --precision {' or '.join(VIDEO_PRECISIONS)}, not {precision!r}")
+    return vcfg
+
+
+def image_part(sd: dict, cfg: Sam2Config) -> dict:
+    """The image model's tensors of a video state dict."""
+    from sam2edge.weights.load import expected_shapes
+
+    return {k: sd[k] for k in expected_shapes(cfg)}
+
+
+def prepare(job, sd: dict, rewrites) -> None:
+    """Build the fp32 video model with the target's rewrites into ``job.state['video']``."""
+    model = build_sam2_video(job.cfg, job.vcfg, rewrites)
+    model.load_state_dict(sd, strict=True)
+    job.state["video"] = {"model": model.eval(), "sd": sd, "tokens": DEFAULT_VIDEO_TOKENS}
+
+
+def entries(job, wrap: Callable[[nn.Module, str], nn.Module], named: bool) -> dict:
+    """file -> (role, wrapped module, sample) for the three video graphs of ``job.target``."""
+    v = job.state["video"]
+    sample = samples(job.cfg, job.vcfg, v["tokens"])
+    out = {}
+    for role, cls in MODULES.items():
+        s = sample[role]
+        out[video_file(job.target.name, role)] = (role, wrap(cls(v["model"]), role), s if named else tuple(s.values()))
+    return out
+
+
+def half_if_fp16(job) -> Callable[[nn.Module, str], nn.Module]:
+    return lambda module, role: HalfGraph(module) if job.precision == "fp16" else module
+
+
+def write_video_tables(job) -> dict[str, str]:
+    """video_const.bin (+ the prompt tables where the target did not write them); file -> role."""
+    model = job.state["video"]["model"]
+    parts = {
+        "no_mem_embed": model.no_mem_embed,
+        "no_obj_ptr": model.no_obj_ptr,
+        "mask_downsample_weight": model.mask_downsample.weight,
+        "mask_downsample_bias": model.mask_downsample.bias,
+    }
+    assert list(parts) == list(const_layout(job.cfg.d_model))
+    flat = np.concatenate([t.detach().float().numpy().ravel() for t in parts.values()]).astype("<f4")
+    flat.tofile(job.folder / CONST_FILE)
+    ma = model.memory_attention
+    np.concatenate([ma.rope_cos.numpy().ravel(), ma.rope_sin.numpy().ravel()]).astype("<f4").tofile(
+        job.folder / ROPE_FILE
+    )
+    files = {CONST_FILE: "video-table", ROPE_FILE: "video-table"}
+    if not all(name in job.files for name in TABLE_FILES):
+        files.update(write_tables(prompt_tables(model), job.folder))
+    return files
+
+
+def _shapes(named: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {k: list(v.shape) for k, v in named.items()}
+
+
+@torch.no_grad()
+def extra(job) -> dict:
+    """card.json ``extra.video``: config, slot layout, every graph's tensors, the host tables."""
+    v, cfg, vcfg = job.state["video"], job.cfg, job.vcfg
+    e, n = cfg.image_embedding_size, cfg.d_model // vcfg.mem_dim
+    graphs = {}
+    for role, named in samples(cfg, vcfg, v["tokens"]).items():
+        outs = MODULES[role](v["model"])(*named.values())
+        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
+        graphs[role] = {
+            "file": video_file(job.target.name, role),
+            "computes": GRAPH_SET_VIDEO[role],
+            "inputs": _shapes(named),
+            "outputs": {k: list(o.shape) for k, o in zip(VIDEO_GRAPHS[role][2], outs)},
+        }
+    return {
+        "config": dataclasses.asdict(vcfg),
+        "num_tokens": v["tokens"],
+        "graphs": graphs,
+        "slot_layout": {
+            "memory_slots": vcfg.memory_slots,
+            "pointer_slots": vcfg.max_obj_ptrs,
+            "tokens_per_pointer": n,
+            "key_tokens": vcfg.memory_slots * e * e + vcfg.max_obj_ptrs * n,
+            "spatial": "mem_feats[k]: one frame's memory (every conditioning frame, t_pos 0, then the previous "
+            "num_maskmem - 1 frames in the tracking direction, upstream's selection in runtime.memory_bank); "
+            "mem_tpos[k] = num_maskmem - t_pos - 1 (index into maskmem_tpos_enc); mem_valid[k] 1 filled / 0 empty",
+            "pointers": "ptrs[p] = object pointer of an earlier frame, ptr_pos[p] = signed frame distance / "
+            "t_max, ptr_valid[p] 1 filled / 0 empty; each pointer is split into C/M tokens of mem_dim",
+            "empty": "empty slots are zeros with valid 0; their keys get a -1e4 logit bias (exactly no effect)",
+        },
+        "tables": {CONST_FILE: {k: {"offset": o, "count": c} for k, (o, c) in const_layout(cfg.d_model).items()}},
+        "frame_encoder": "the image encoder; vision = image_embeddings - no_mem_embed on the host",
+    }
+
+
+def measure(job, image_backend, bars: dict | None = None) -> dict:
+    """The clip measurement of the staged bundle, ``image_backend`` its frame encoder, vs eager fp32 (upstream's
+    operations); the eager clip runs once per export (``job.measured``), whichever frame encoder comes first."""
+    from sam2edge.checks.fidelity.video import clip, measure_video, run_clip
+
+    v = job.state["video"]
+    if "video_clip" not in job.measured:
+        ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
+        job.measured["video_clip"] = run_clip(ref, clip())
+    test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"])
+    return measure_video(None, test, job.precision, bars=bars, want=job.measured["video_clip"])

@@ -1,0 +1,400 @@
+"""Building blocks shared by every model stage, each with an export switch.
+
+``Rewrites`` selects, per model build, how the few export-sensitive operations are
+expressed. Every setting computes the same function (fp32 agreement to ~1e-6 relative);
+the defaults are the forms that mobile GPU delegates and XNNPACK accept whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Rewrites:
+    attention_rank: int = 4  # 4: q/k/v as [B, heads, N, d]; 3: [B*heads, N, d]
+    attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
+    # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d; "matmul": one (HW, Cin) x (Cin, 4 Cout) product
+    # (kernel 2, stride 2: the 2x2 output blocks do not overlap), the blocks put in place by rank-4 reshapes
+    transposed_conv: str = "zero_stuff"
+    # "scaled": statistics of x / mean|x - mean| (every intermediate in [0, C] whatever the scale of x: fp16-stable);
+    # "safe": scale by 1/sqrt(C) before squaring; "native": F.layer_norm / upstream LayerNorm2d
+    layer_norm: str = "scaled"
+    mask_head: str = "channel_sum"  # "channel_sum": per-token weighted channel sums; "matmul": hyper_in @ features
+    texture_limit: int = 8192  # slice attention (batch, then heads) so matmul operands fit a texture; 0: off
+    # memory attention: "folded" attends over the raw mem_dim-channel memory and applies v_proj after (softmax rows
+    # sum to 1: the same function, 4x fewer multiply-adds in attn @ v); "projected": v_proj on every key (upstream)
+    memory_values: str = "folded"
+    # two-way transformer cross-attention: "folded" moves the image side's projections onto the few tokens by
+    # associativity (q W_k k^T, P (v W_v^T), ...; a key bias is constant along a softmax row), so no 4096 x C
+    # image tensor is projected; "projected": upstream's order. Fewer multiply-adds while heads x tokens < inner
+    # width (every SAM 2.1 size: 8 heads, inner 128): a click (8 tokens) 3.56 -> 2.22 GFLOP, 14 tokens -9 %
+    token_fold: str = "projected"
+    # memory attention keys: "transposed" rotates and attends them as (C, Nk), so a real TRANSPOSE feeds the
+    # score matmul (LiteRT lowers q @ k^T as a FULLY_CONNECTED with k as dynamic weights, which XNNPACK does not
+    # take: 1.5 s against 0.18 s for 4096 queries x 28736 keys); "rows": upstream's (Nk, C)
+    rope_keys: str = "transposed"
+    # additive key bias (empty memory slots) with transposed keys: "folded" appends a ones column to the scaled
+    # queries and the bias row to k^T, so the score product adds it (K = d + 1; no separate ADD over the
+    # Nq x Nk scores); "added": scores + bias. Kept keys add an exact 0 either way
+    key_bias: str = "folded"
+    # the mask decoder's output upscaling, its LayerNorm2d and mask head: "nchw" as upstream; "nhwc" channels-last
+    # from the transformer's (B, HW, C) image to the (B, 4e, 4e, C/8) features, so each 2x2 transposed conv
+    # (``transposed_conv="matmul"``) is one GEMM on the last dim and the channel norm reduces the last dim, with
+    # no layout transposes between them (exact: the same sums; only feat_s0 / feat_s1 are permuted, once)
+    upscale_layout: str = "nchw"
+    # Hiera's query / shortcut pooling on (B, H, W, C): "max_pool" permutes to NCHW for max_pool2d and back;
+    # "maxima" takes elementwise maxima of the window's row and column slices in place (exact; an ExecuTorch
+    # encoder spends 212 -> 119 ms in layout transposes at 1024 px, notes/issue-16.md, session 28)
+    q_pool: str = "max_pool"
+    # Hiera's q/k/v projection: "fused" is one (C_in -> 3C) Linear whose output is sliced into q, k and v;
+    # "split" multiplies by the three row blocks of the same weight, cut once at load (exact: the same dot
+    # products, no slice copies; an ExecuTorch encoder 1828 -> 1737 ms at 1024 px, notes/issue-16.md, session 29)
+    qkv: str = "fused"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "attention_rank": (self.attention_rank, (3, 4)),
+            "attention_impl": (self.attention_impl, ("math", "sdpa")),
+            "transposed_conv": (self.transposed_conv, ("zero_stuff", "native", "matmul")),
+            "layer_norm": (self.layer_norm, ("scaled", "safe", "native")),
+            "mask_head": (self.mask_head, ("channel_sum", "matmul")),
+            "memory_values": (self.memory_values, ("folded", "projected")),
+            "token_fold": (self.token_fold, ("folded", "projected")),
+            "rope_keys": (self.rope_keys, ("transposed", "rows")),
+            "key_bias": (self.key_bias, ("folded", "added")),
+            "upscale_layout": (self.upscale_layout, ("nchw", "nhwc")),
+            "q_pool": (self.q_pool, ("max_pool", "maxima")),
+            "qkv": (self.qkv, ("fused", "split")),
+        }
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
+        if self.texture_limit < 0:
+            raise ValueError(f"Rewrites.texture_limit={self.texture_limit}; allowed: 0 (off) or a positive side")
+
+
+UPSTREAM = Rewrites(
+    attention_rank=4,
+    attention_impl="sdpa",
+    transposed_conv="native",
+    layer_norm="native",
+    mask_head="matmul",
+    texture_limit=0,
+    memory_values="projected",
+    token_fold="projected",
+    rope_keys="rows",
+    key_bias="added",
+)
+
+
+def texture_rows(num_heads: int, d: int, nk: int) -> int:
+    """Texture rows one batch item's attention matmuls need (see ``attention_chunk``): heads x ceil(max(d, Nk)/4)."""
+    return num_heads * math.ceil(max(d, nk) / 4)
+
+
+def attention_chunk(batch: int, num_heads: int, d: int, nk: int, texture_limit: int) -> int:
+    """Largest batch slice whose attention matmuls fit GPU textures of side ``texture_limit``.
+
+    ML Drift (LiteRT's GPU delegate) stores the right-hand operand of a BATCH_MATMUL
+    (batch, K, N) as a 2-D texture of ceil(N/4) x batch*ceil(K/4) texels (measured from the
+    delegate's WebGPU validation errors on the full-size encoder: all seven oversized textures fit
+    this rule). In q k^T the contraction is d; in softmax(.) v it is Nk. Hiera's windowed blocks
+    batch up to 1024 windows (stage 1: 1024 x 24 = 24576 rows), so they run in slices. Returns
+    ``batch`` when no split is needed or ``texture_limit`` is 0; at least 1.
+    """
+    if not texture_limit:
+        return batch
+    rows_per_item = texture_rows(num_heads, d, nk)
+    if batch * rows_per_item <= texture_limit:
+        return batch
+    pieces = math.ceil(batch / max(1, texture_limit // rows_per_item))  # fewest slices that fit
+    return math.ceil(batch / pieces)  # equal slices, each no larger than the largest that fits
+
+
+def head_chunk(num_heads: int, d: int, nk: int, texture_limit: int) -> int:
+    """Most heads per slice such that ONE batch item's attention operands fit ``texture_limit`` rows.
+
+    Batch slicing (``attention_chunk``) cannot shrink below one item, whose rows are
+    num_heads * ceil(max(d, Nk)/4); wider models (more heads at a global block) can overflow there.
+    Heads are independent, so equal head groups compute the same function. Returns ``num_heads``
+    when one item fits or ``texture_limit`` is 0; at least 1.
+    """
+    rows_per_head = math.ceil(max(d, nk) / 4)
+    if not texture_limit or num_heads * rows_per_head <= texture_limit:
+        return num_heads
+    pieces = math.ceil(num_heads / max(1, texture_limit // rows_per_head))
+    return math.ceil(num_heads / pieces)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    rw: Rewrites,
+    key_bias: torch.Tensor | None = None,
+    keys_transposed: bool = False,
+) -> torch.Tensor:
+    """Multi-head attention on already-projected tensors.
+
+    q: (B, Nq, C), k: (B, Nk, C) or, with ``keys_transposed``, (B, C, Nk); v: (B, Nk, Cv); C, Cv divisible by
+    num_heads. key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
+    Returns (B, Nq, Cv). No tensor above rank 4 is created. With ``rw.texture_limit`` the batch
+    is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
+    """
+    B, Nk = q.shape[0], k.shape[2 if keys_transposed else 1]
+    d, dv = q.shape[2] // num_heads, v.shape[2] // num_heads
+    group = head_chunk(num_heads, d, Nk, rw.texture_limit)
+    if group < num_heads:  # one item's heads overflow a texture: head groups, each exact on its own
+        outs = []
+        for h in range(0, num_heads, group):
+            n = min(group, num_heads - h)
+            kh = k[:, h * d : (h + n) * d] if keys_transposed else k[..., h * d : (h + n) * d]
+            vh = v[..., h * dv : (h + n) * dv]
+            outs.append(attention(q[..., h * d : (h + n) * d], kh, vh, n, rw, key_bias, keys_transposed))
+        return torch.cat(outs, -1)  # (B, Nq, Cv), heads in order
+    step = attention_chunk(B, num_heads, d, Nk, rw.texture_limit)
+    if step >= B:
+        return _attention(q, k, v, num_heads, rw, key_bias, keys_transposed)
+    outs = []
+    for i in range(0, B, step):
+        kb = None if key_bias is None else key_bias[i : i + step]
+        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb, keys_transposed))
+    return torch.cat(outs, 0)  # (B, Nq, Cv)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    num_heads: int,
+    rw: Rewrites,
+    key_bias: torch.Tensor | None,
+    keys_transposed: bool = False,
+) -> torch.Tensor:
+    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C) or (B, C, Nk), (B, Nk, Cv) -> (B, Nq, Cv)."""
+    B, Nq, C = q.shape
+    Nk, Cv = v.shape[1], v.shape[2]
+    d, dv = C // num_heads, Cv // num_heads
+    q = _heads(q, num_heads)  # (B, nh, Nq, d)
+    if keys_transposed:
+        kt = k.reshape(B, num_heads, d, Nk)  # (B, nh, d, Nk): channels are head-major
+    else:
+        kt = k.reshape(B, Nk, num_heads, d).permute(0, 2, 3, 1)  # (B, nh, d, Nk): one transpose, not two
+    v = _heads(v, num_heads)  # (B, nh, Nk, dv)
+    if rw.attention_rank == 3:
+        q = q.reshape(B * num_heads, Nq, d)  # (B*nh, Nq, d)
+        kt = kt.reshape(B * num_heads, d, Nk)  # (B*nh, d, Nk)
+        v = v.reshape(B * num_heads, Nk, dv)  # (B*nh, Nk, dv)
+    bias = None
+    if key_bias is not None:
+        bias = key_bias.reshape(B, 1, 1, Nk)  # (B, 1, 1, Nk)
+        if rw.attention_rank == 3:
+            bias = bias.expand(B, num_heads, 1, Nk).reshape(B * num_heads, 1, Nk)  # (B*nh, 1, Nk)
+    if rw.attention_impl == "sdpa":
+        out = F.scaled_dot_product_attention(q, kt.transpose(-2, -1), v, attn_mask=bias)
+    else:
+        q = q * (1.0 / math.sqrt(d))
+        if bias is not None and keys_transposed and rw.key_bias == "folded":
+            q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (.., Nq, d + 1)
+            kt = torch.cat([kt, bias.expand(*kt.shape[:-2], 1, Nk)], dim=-2)  # (.., d + 1, Nk): bias row last
+            bias = None
+        scores = q @ kt  # (.., Nq, Nk)
+        if bias is not None:
+            scores = scores + bias
+        out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)
+    out = out.reshape(B, num_heads, Nq, dv)  # (B, nh, Nq, dv)
+    if num_heads == 1:
+        return out.reshape(B, Nq, Cv)  # (B, Nq, Cv): one head needs no transpose
+    return out.transpose(1, 2).reshape(B, Nq, Cv)  # (B, Nq, Cv)
+
+
+def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, C) -> (B, nh, N, C/nh), head-major; a reshape alone for one head (no transpose to run)."""
+    B, N, C = x.shape
+    if num_heads == 1:
+        return x.reshape(B, 1, N, C)  # (B, 1, N, C)
+    return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)  # (B, nh, N, d)
+
+
+def _normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over ``dim``, squaring only pre-scaled values ("safe").
+
+    The centred values are multiplied by 1/sqrt(C) before squaring, so the sum of squares
+    equals the mean of squares without ever materialising C-times larger partial values
+    (the fp16 overflow guard of the reference encoder card). It still overflows fp16 once
+    |x - mean| > 256 * sqrt(C) (1448 at C = 32, 4096 at C = 256), see ``_normalize_scaled`` (issue 15).
+    """
+    c = x.shape[dim]
+    xc = x - x.mean(dim, keepdim=True)
+    scaled = xc * (1.0 / math.sqrt(c))
+    var = (scaled * scaled).sum(dim, keepdim=True)
+    return xc * torch.rsqrt(var + eps)
+
+
+def _normalize_scaled(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over ``dim`` with every intermediate independent of the scale of x.
+
+    With s = mean|x - mean| + tiny (any s > 0 gives the same function):
+        (x - mean) / sqrt(var + eps) = u * rsqrt(mean(u^2) + (sqrt(eps) / s)^2),  u = (x - mean) / s.
+    |u| <= C and, by Cauchy-Schwarz, mean(u^2) lies in [1, C]; the squares are taken of u / sqrt(C)
+    (each <= C, their sum = mean(u^2) <= C), so no intermediate can overflow fp16 (65504) for any
+    scale of x. mean|x - mean| is summed from (1/C)-scaled terms, so it never exceeds max|x - mean|.
+    fp32: equal to ``_normalize`` within rounding (~1e-7 relative).
+    """
+    c = x.shape[dim]
+    xc = x - x.mean(dim, keepdim=True)
+    s = (xc.abs() * (1.0 / c)).sum(dim, keepdim=True) + 1e-4  # mean |x - mean| (+ tiny: a constant row stays 0)
+    u = xc / s
+    r = u * (1.0 / math.sqrt(c))
+    root = (s * 0.0 + math.sqrt(eps)) / s  # sqrt(eps) / s as a tensor division (no RECIPROCAL op: XNNPACK has none)
+    floor = root * root  # eps / s^2 without squaring s first
+    return u * torch.rsqrt((r * r).sum(dim, keepdim=True) + floor)
+
+
+NORMALIZERS = {"safe": _normalize, "scaled": _normalize_scaled}
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim of (..., C)."""
+
+    def __init__(self, dim: int, eps: float, rw: Rewrites) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps, self.normalize = eps, NORMALIZERS.get(rw.layer_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.normalize is None:
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        return self.normalize(x, -1, self.eps) * self.weight + self.bias
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over channels of (B, C, H, W), as upstream's LayerNorm2d (eps 1e-6)."""
+
+    def __init__(self, dim: int, rw: Rewrites, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps, self.normalize = eps, NORMALIZERS.get(rw.layer_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight[:, None, None] * self._normalized(x, 1) + self.bias[:, None, None]
+
+    def channels_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm of (B, H, W, C): over the last dim."""
+        return self._normalized(x, -1) * self.weight + self.bias
+
+    def _normalized(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.normalize is not None:
+            return self.normalize(x, dim, self.eps)
+        u = x.mean(dim, keepdim=True)
+        s = (x - u).pow(2).mean(dim, keepdim=True)
+        return (x - u) / torch.sqrt(s + self.eps)
+
+
+class MLP(nn.Module):
+    """``num_layers`` Linear layers with ``act`` between them (upstream ``sam2_utils.MLP``)."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        hidden_dim: int,
+        out_dim: int,
+        num_layers: int,
+        act: type[nn.Module] = nn.ReLU,
+        sigmoid_output: bool = False,
+    ) -> None:
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.act = act()
+        self.sigmoid_output = sigmoid_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = self.act(x)
+        return torch.sigmoid(x) if self.sigmoid_output else x
+
+
+def zero_stuff_2x(x: torch.Tensor) -> torch.Tensor:
+    """Insert a zero after every row and column: (B, C, H, W) -> (B, C, 2H, 2W).
+
+    Output[2i, 2j] = x[i, j], everything else 0. Rank <= 4 throughout. The zeros come from
+    zero-padding (PAD), not from concatenating ``zeros_like`` tensors, which converters fold into
+    large all-zero constants stored in the model file. No axis grows beyond max(B*C, 2W): GPU
+    delegates map tensors to textures, and WebGPU's default texture side limit is 8192 (a C*H axis
+    reached 16384 at 1024 px).
+    """
+    B, C, H, W = x.shape
+    x = F.pad(x.reshape(B * C, H, W, 1), (0, 1))  # (B*C, H, W, 2)
+    x = F.pad(x.reshape(B * C, H, 1, 2 * W), (0, 0, 0, 1))  # (B*C, H, 2, 2W)
+    return x.reshape(B, C, 2 * H, 2 * W)  # (B, C, 2H, 2W)
+
+
+class UpConv2x2(nn.Module):
+    """ConvTranspose2d(kernel 2, stride 2), optionally as an exact identity (``Rewrites.transposed_conv``).
+
+    Holds the upstream ConvTranspose2d parameters ``weight`` (Cin, Cout, 2, 2) and ``bias``; every form
+    computes out[2i+a, 2j+b] = sum_c x[c, i, j] * weight[c, :, a, b] + bias.
+    The zero-stuff form convolves the zero-inserted input, padded by one row/column at the
+    top/left, with the spatially flipped, in/out-swapped kernel (every other product an exact zero).
+    The matmul form is one product per pixel with the kernel as a (Cin, 4 Cout) matrix (a CPU's
+    GEMM, where TRANSPOSE_CONV runs at half its rate), then rank-4 reshapes place the 2x2 blocks.
+    The flipped kernel and the matrix are buffers baked from ``weight`` whenever weights are loaded.
+    """
+
+    def __init__(self, cin: int, cout: int, rw: Rewrites) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cin, cout, 2, 2))
+        self.bias = nn.Parameter(torch.zeros(cout))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.form = rw.transposed_conv
+        self.register_buffer("conv_weight", torch.empty(cout, cin, 2, 2), persistent=False)
+        self.register_buffer("mm_weight", torch.empty(4 * cout, cin), persistent=False)  # Linear layout
+        self.register_buffer("mm_bias", torch.empty(4 * cout), persistent=False)
+        self.refresh_constants()
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh_constants())
+
+    @torch.no_grad()
+    def refresh_constants(self) -> None:
+        w = self.weight.detach()
+        self.conv_weight = w.transpose(0, 1).flip(2, 3).contiguous()
+        self.mm_weight = w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()  # (4 Cout (a, b, o), Cin)
+        self.mm_bias = self.bias.detach().repeat(4)  # (4 Cout): bias[o] at (a, b, o)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form == "native":
+            return F.conv_transpose2d(x, self.weight, self.bias, stride=2)
+        if self.form == "matmul":
+            return self._matmul(x)
+        z = F.pad(zero_stuff_2x(x), (1, 0, 1, 0))  # (B, Cin, 2H+1, 2W+1)
+        return F.conv2d(z, self.conv_weight, self.bias)  # (B, Cout, 2H, 2W)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        return self._matmul_nhwc(x.reshape(B, C, H * W).transpose(1, 2), H).permute(0, 3, 1, 2)  # (B, O, 2H, 2W)
+
+    def channels_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The same map on (B, H, W, Cin) -> (B, 2H, 2W, Cout)."""
+        B, H, W, C = x.shape
+        if self.form == "matmul":
+            return self._matmul_nhwc(x.reshape(B, H * W, C), H)
+        return self.forward(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+    def _matmul_nhwc(self, x: torch.Tensor, H: int) -> torch.Tensor:
+        """x (B, HW, Cin), rows in raster order of H rows -> (B, 2H, 2W, Cout)."""
+        B, HW, _ = x.shape
+        W, O = HW // H, self.bias.shape[0]
+        y = F.linear(x, self.mm_weight, self.mm_bias)  # (B, HW, 4O): (a, b, o)
+        y = y.reshape(B * H, W, 2, 2 * O).transpose(1, 2)  # (B*H, 2 (a), W, 2O (b, o))
+        return y.reshape(B, 2 * H, 2 * W, O)  # (B, 2H, 2W, O): row 2i+a, column 2j+b

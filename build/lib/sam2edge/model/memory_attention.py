@@ -1,0 +1,166 @@
+"""Memory attention (upstream ``memory_attention.py`` + ``RoPEAttention``), fixed-shape and rank <= 4.
+
+The current frame's tokens (B, HW, C) self-attend, then cross-attend to a fixed number of memory
+slots: ``S`` spatial memories of HW tokens each (mem_dim channels) and ``P`` object pointers of
+C / mem_dim tokens each. Empty slots are removed by an additive key bias (0 kept, -1e4 removed),
+so a graph with empty slots answers exactly as upstream's shorter concatenation.
+
+RoPE is axial 2-D over the e x e grid, applied as real-valued cos/sin tables (baked buffers, no
+complex tensors): a channel pair (x0, x1) becomes (x0 cos - x1 sin, x0 sin + x1 cos). Spatial
+memory keys reuse the query table once per slot (upstream ``rope_k_repeat``); pointer tokens get
+no RoPE (upstream ``num_k_exclude_rope``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sam2edge.config import Sam2Config, Sam2VideoConfig
+from sam2edge.model.layers import LayerNorm, Rewrites, attention
+
+
+def rope_tables(dim: int, side: int, num_heads: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Axial RoPE as (cos, sin), each (side*side, dim): pair i of a head uses angle i, both channels.
+
+    dim is the full width (num_heads heads of dim / num_heads channels); the per-head table is tiled.
+    Tokens are row-major over the grid (x fastest), as upstream's ``init_t_xy``.
+    """
+    hd = dim // num_heads
+    freqs = 1.0 / (theta ** (torch.arange(0, hd, 4)[: hd // 4].float() / hd))  # (hd/4,)
+    t = torch.arange(side * side, dtype=torch.float32)
+    tx, ty = t % side, torch.div(t, side, rounding_mode="floor")
+    angles = torch.cat([torch.outer(tx, freqs), torch.outer(ty, freqs)], dim=-1)  # (N, hd/2)
+    angles = angles.repeat_interleave(2, dim=-1).repeat(1, num_heads)  # (N, dim): both channels of a pair
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs of x (B, N, C) by the angles of (N, C) tables."""
+    B, N, C = x.shape
+    pairs = x.reshape(B, N, C // 2, 2)  # (B, N, C/2, 2)
+    swapped = torch.cat([-pairs[..., 1:2], pairs[..., 0:1]], dim=-1).reshape(B, N, C)  # (-x1, x0) per pair
+    return x * cos + swapped * sin
+
+
+def apply_rope_t(xt: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` in the transposed layout: xt (B, C, S, N) channel-major, tables (C, 1, N) -> (B, C, S, N)."""
+    B, C, S, N = xt.shape
+    pairs = xt.reshape(B, C // 2, 2, S * N)  # (B, C/2, 2, S*N): a pair's two channels on axis 2
+    swapped = torch.cat([-pairs[:, :, 1:2], pairs[:, :, 0:1]], dim=2).reshape(B, C, S, N)  # (-x1, x0) per pair
+    return xt * cos_t + swapped * sin_t
+
+
+class RoPEAttention(nn.Module):
+    """Projected attention with RoPE on queries and the first ``rope_keys`` key tokens (upstream names)."""
+
+    def __init__(self, dim: int, kv_dim: int, num_heads: int, rw: Rewrites) -> None:
+        super().__init__()
+        self.num_heads, self.rw = num_heads, rw
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(kv_dim, dim), nn.Linear(kv_dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+        # attend over the raw values, then project them (rw.memory_values): exact, and cheaper when kv_dim < dim
+        self.fold_values = rw.memory_values == "folded" and num_heads == 1 and kv_dim < dim
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope_slots: int,
+        key_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q (B, N, C) with N = HW; k, v (B, rope_slots*HW + R, kv_dim); key_bias (B, Nk) -> (B, N, C).
+
+        RoPE rotates q and each of the ``rope_slots`` blocks of HW keys; the R trailing keys stay as they are.
+        """
+        q, k = self.q_proj(q), self.k_proj(k)
+        v = v if self.fold_values else self.v_proj(v)  # (B, Nk, kv_dim) or (B, Nk, C)
+        q = apply_rope(q, cos, sin)
+        t = self.rw.rope_keys == "transposed"  # k as (B, C, Nk): a real TRANSPOSE feeds the score matmul
+        k = self._rope_keys_t(k, cos, sin, rope_slots) if t else self._rope_keys(k, cos, sin, rope_slots)
+        out = attention(q, k, v, self.num_heads, self.rw, key_bias, t)  # (B, N, kv_dim) folded, else (B, N, C)
+        # folded: softmax rows sum to 1, so attn @ (v W^T + b) = (attn @ v) W^T + b
+        return self.out_proj(self.v_proj(out) if self.fold_values else out)
+
+    @staticmethod
+    def _rope_keys(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: int) -> torch.Tensor:
+        """k (B, S*HW + R, C) -> the same with each of the S blocks of HW keys rotated (upstream's layout)."""
+        B, spatial, C = k.shape[0], slots * cos.shape[0], k.shape[2]
+        k_rope = k[:, :spatial].reshape(B * slots, cos.shape[0], C)  # (B*S, HW, C)
+        k_rope = apply_rope(k_rope, cos, sin).reshape(B, spatial, C)  # (B, S*HW, C)
+        return torch.cat([k_rope, k[:, spatial:]], dim=1) if k.shape[1] > spatial else k_rope
+
+    @staticmethod
+    def _rope_keys_t(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: int) -> torch.Tensor:
+        """k (B, S*HW + R, C) -> kt (B, C, S*HW + R): the keys of ``_rope_keys``, transposed before the rotation."""
+        B, Nk, C = k.shape
+        n = cos.shape[0]
+        kt = k.transpose(1, 2)  # (B, C, Nk)
+        rot = kt[:, :, : slots * n].reshape(B, C, slots, n)  # (B, C, S, HW)
+        rot = apply_rope_t(rot, cos.transpose(0, 1)[:, None], sin.transpose(0, 1)[:, None]).reshape(B, C, slots * n)
+        return torch.cat([rot, kt[:, :, slots * n :]], dim=2) if Nk > slots * n else rot  # (B, C, Nk)
+
+
+class MemoryAttentionLayer(nn.Module):
+    """Pre-norm self-attention, cross-attention to memory (keys + pos), ReLU MLP; upstream names."""
+
+    def __init__(self, cfg: Sam2Config, vcfg: Sam2VideoConfig, rw: Rewrites) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = RoPEAttention(d, d, vcfg.attn_heads, rw)
+        self.cross_attn_image = RoPEAttention(d, vcfg.mem_dim, vcfg.attn_heads, rw)
+        self.linear1, self.linear2 = nn.Linear(d, vcfg.attn_mlp_dim), nn.Linear(vcfg.attn_mlp_dim, d)
+        self.norm1, self.norm2, self.norm3 = (LayerNorm(d, 1e-5, rw) for _ in range(3))
+
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        memory_pos: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        slots: int,
+        key_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """tgt (B, HW, C); memory, memory_pos (B, Nk, mem_dim); key_bias (B, Nk) -> (B, HW, C)."""
+        cos, sin = rope
+        x = self.norm1(tgt)
+        tgt = tgt + self.self_attn(x, x, x, cos, sin, 1)
+        x = self.norm2(tgt)
+        tgt = tgt + self.cross_attn_image(x, memory + memory_pos, memory, cos, sin, slots, key_bias)
+        return tgt + self.linear2(torch.relu(self.linear1(self.norm3(tgt))))
+
+
+class MemoryAttention(nn.Module):
+    """Stack of ``MemoryAttentionLayer`` + final LayerNorm, with the RoPE tables baked as buffers."""
+
+    def __init__(self, cfg: Sam2Config, vcfg: Sam2VideoConfig, rw: Rewrites) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(MemoryAttentionLayer(cfg, vcfg, rw) for _ in range(vcfg.attn_layers))
+        self.norm = LayerNorm(cfg.d_model, 1e-5, rw)
+        cos, sin = rope_tables(cfg.d_model, cfg.image_embedding_size, vcfg.attn_heads, vcfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (HW, C)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        curr: torch.Tensor,
+        curr_pos: torch.Tensor,
+        memory: torch.Tensor,
+        memory_pos: torch.Tensor,
+        slots: int,
+        key_bias: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """curr, curr_pos (B, HW, C); memory, memory_pos (B, slots*HW + R, mem_dim); key_bias (B, Nk).
+
+        ``rope``: (cos, sin) tables (HW, C) given as inputs instead of the baked buffers (LiteRT's GPU delegate
+        computes RoPE wrongly from constant tables: GPU-vs-CPU cosine 0.988, exact from input tables).
+        Returns the memory-conditioned tokens (B, HW, C).
+        """
+        out = curr + 0.1 * curr_pos
+        for layer in self.layers:
+            out = layer(out, memory, memory_pos, rope or (self.rope_cos, self.rope_sin), slots, key_bias)
+        return self.norm(out)

@@ -1,0 +1,183 @@
+"""The SAM 2.1 video path: the image model plus the memory path, as fixed-shape per-frame stages.
+
+Parameter names equal upstream ``SAM2Base``'s, so Meta's checkpoint maps by identity.
+Shapes (B = 1 object per call, S = image_size, e = S/16, HW = e*e, C = d_model, M = mem_dim,
+K = memory_slots, P = max_obj_ptrs, T = num_maskmem):
+
+  encode_frame:     image (1, 3, S, S) -> vision (1, C, e, e) (raw FPN level 2), feat_s0, feat_s1
+  no_memory:        vision -> pix_feat = vision + no_mem_embed (a frame conditioned on prompts only)
+  memory_attention: vision, mem_feats (K, M, e, e), mem_tpos (1, K) index into maskmem_tpos_enc,
+                    mem_valid (1, K), ptrs (P, C), ptr_pos (1, P) signed t / t_max, ptr_valid (1, P)
+                    -> pix_feat (1, C, e, e); invalid slots (0.0) change nothing
+  decode:           pix_feat, feat_s0, feat_s1, prompt tokens, dense -> masks (1, 4, 4e, 4e),
+                    iou (1, 4), object score logit (1, 1), object pointers (1, 4, C) (one per mask
+                    token, the no-object pointer already mixed in where the score is <= 0)
+  encode_memory:    vision, low-res logits (1, 1, 4e, 4e), binarize (1, 1), score (1, 1) -> (1, M, e, e)
+  downsample_mask:  binary mask (1, 1, S, S) -> (1, 1, 4e, 4e) (a mask prompt's decoder input)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sam2edge.config import HIERA_TINY, VIDEO_TINY, Sam2Config, Sam2VideoConfig
+from sam2edge.model.image_encoder import sine_position_encoding
+from sam2edge.model.layers import MLP, Rewrites
+from sam2edge.model.memory_attention import MemoryAttention
+from sam2edge.model.memory_encoder import MemoryEncoder
+from sam2edge.model.sam2 import Sam2ImageModel
+
+KEY_REMOVED = -1e4  # additive logit bias of an empty memory slot (exp underflows to exactly 0)
+
+
+def sine_freqs(dim: int) -> torch.Tensor:
+    """Upstream ``get_1d_sine_pe``'s divisors 10000^(2 floor(i/2) / (dim/2)), (dim/2,) fp32, computed as upstream."""
+    half = dim // 2
+    i = torch.arange(half, dtype=torch.float32)
+    return 10000 ** (2 * torch.div(i, 2, rounding_mode="floor") / half)
+
+
+def sine_1d(pos: torch.Tensor, dim: int, dim_t: torch.Tensor | None = None) -> torch.Tensor:
+    """Upstream ``get_1d_sine_pe``: positions (..., N) -> (..., N, dim) = [sin, cos](pos / 10000^(2i/dim)).
+
+    ``dim_t``: ``sine_freqs(dim)`` baked as a buffer (a graph then holds a constant, not arange / floor_div)."""
+    dim_t = sine_freqs(dim).to(pos.device) if dim_t is None else dim_t.float()
+    x = pos.float().unsqueeze(-1) / dim_t  # fp32 even in an fp16 graph (frequencies up to 10000)
+    return torch.cat([x.sin(), x.cos()], dim=-1).to(pos.dtype)
+
+
+def repeat_cols(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(R, 1) -> (R, n), every column a copy, as an outer product with ones: exact, and converters keep it a
+    matmul (``expand`` and ``x * ones`` become BROADCAST_TO, which GPU delegates reject)."""
+    return x @ x.new_ones(1, n)
+
+
+def repeat_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(1, N) -> (n, N), every row a copy (see ``repeat_cols``)."""
+    return x.new_ones(n, 1) @ x
+
+
+class Sam2VideoModel(Sam2ImageModel):
+    def __init__(self, cfg: Sam2Config, vcfg: Sam2VideoConfig, rw: Rewrites) -> None:
+        super().__init__(cfg, rw)
+        d, m = cfg.d_model, vcfg.mem_dim
+        self.vcfg = vcfg
+        self.memory_attention = MemoryAttention(cfg, vcfg, rw)
+        self.memory_encoder = MemoryEncoder(cfg, vcfg, rw)
+        self.maskmem_tpos_enc = nn.Parameter(torch.zeros(vcfg.num_maskmem, 1, 1, m))
+        self.no_mem_pos_enc = nn.Parameter(torch.zeros(1, 1, d))  # unused by SAM 2.1 (no_mem_embed is added)
+        self.no_obj_ptr = nn.Parameter(torch.zeros(1, d))
+        self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, m))
+        self.obj_ptr_proj = MLP(d, d, d, 3)
+        self.obj_ptr_tpos_proj = nn.Linear(d, m)
+        self.mask_downsample = nn.Conv2d(1, 1, kernel_size=4, stride=4)
+        e = cfg.image_embedding_size
+        curr_pos = sine_position_encoding(d, e, e).reshape(1, d, e * e).transpose(1, 2)  # (1, HW, C)
+        mem_pos = sine_position_encoding(m, e, e).reshape(1, m, e * e).transpose(1, 2)  # (1, HW, M)
+        self.register_buffer("curr_pos", curr_pos.contiguous(), persistent=False)
+        self.register_buffer("ptr_freqs", sine_freqs(d), persistent=False)  # (C/2,) pointer temporal encoding
+        self.register_buffer("tpos_index", torch.arange(vcfg.num_maskmem).float(), persistent=False)  # (T,)
+        self.register_buffer("mem_pos", mem_pos.contiguous(), persistent=False)
+
+    def encode_frame(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(1, 3, S, S) -> (vision (1, C, e, e) without no_mem_embed, feat_s0, feat_s1)."""
+        fpn0, fpn1, fpn2 = self.image_encoder(image)
+        return fpn2, self.sam_mask_decoder.conv_s0(fpn0), self.sam_mask_decoder.conv_s1(fpn1)
+
+    def no_memory(self, vision: torch.Tensor) -> torch.Tensor:
+        return vision + self.no_mem_embed.reshape(1, -1, 1, 1)
+
+    def _memory_tokens(
+        self, mem_feats: torch.Tensor, mem_tpos: torch.Tensor, ptrs: torch.Tensor, ptr_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory tokens and their position encodings, both (1, K*HW + P*C/M, M), slot-major."""
+        K, M, e, _ = mem_feats.shape
+        P, C = ptrs.shape
+        T = self.vcfg.num_maskmem
+        spatial = mem_feats.reshape(K, M, e * e).transpose(1, 2)  # (K, HW, M)
+        idx = self.tpos_index.to(mem_tpos.dtype).reshape(1, T)
+        onehot = torch.relu(1.0 - (mem_tpos.reshape(K, 1) - idx).abs())  # (K, T): exact for integer t_pos
+        tpos = onehot @ self.maskmem_tpos_enc.reshape(T, M)  # (K, M)
+        spatial_pos = self.mem_pos + tpos.reshape(K, 1, M)  # (K, HW, M)
+        n = C // M  # tokens per pointer
+        ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
+        ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C, self.ptr_freqs))  # (P, M)
+        ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
+        ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
+        memory = torch.cat([spatial.reshape(1, K * e * e, M), ptr_tokens], dim=1)
+        memory_pos = torch.cat([spatial_pos.reshape(1, K * e * e, M), ptr_pe], dim=1)
+        return memory, memory_pos
+
+    def memory_attention_step(
+        self,
+        vision: torch.Tensor,
+        mem_feats: torch.Tensor,
+        mem_tpos: torch.Tensor,
+        mem_valid: torch.Tensor,
+        ptrs: torch.Tensor,
+        ptr_pos: torch.Tensor,
+        ptr_valid: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e)."""
+        _, C, e, _ = vision.shape
+        K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
+        n = C // self.vcfg.mem_dim
+        memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
+        mem_bias = repeat_cols(mem_valid.reshape(K, 1), HW).reshape(1, K * HW)  # (1, K*HW)
+        ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
+        key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
+        curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
+        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (1, HW, C)
+        return out.transpose(1, 2).reshape(1, C, e, e)
+
+    def decode_video(
+        self,
+        pix_feat: torch.Tensor,
+        feat_s0: torch.Tensor,
+        feat_s1: torch.Tensor,
+        sparse: torch.Tensor,
+        dense: torch.Tensor,
+        sparse_valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> masks (1, 4, 4e, 4e), iou (1, 4), score (1, 1), object pointers (1, 4, C) per mask token.
+
+        sparse_valid (1, N): 1.0 used / 0.0 ignored prompt slot (fixed-slot graphs); None = all used."""
+        pe = self.sam_prompt_encoder.image_pe
+        dec = self.sam_mask_decoder
+        masks, iou, obj, tokens = dec.forward_tokens(pix_feat, pe, sparse, dense, feat_s0, feat_s1, sparse_valid)
+        present = (obj > 0).to(tokens.dtype).reshape(-1, 1, 1)  # (1, 1, 1)
+        ptrs = present * self.obj_ptr_proj(tokens) + (1.0 - present) * self.no_obj_ptr.reshape(1, 1, -1)
+        return masks, iou, obj, ptrs
+
+    def encode_memory(
+        self, vision: torch.Tensor, low_res: torch.Tensor, binarize: torch.Tensor, score: torch.Tensor
+    ) -> torch.Tensor:
+        """Memory of one frame: low-res mask logits upsampled to S, binarised (point prompts) or
+        sigmoid, * scale + bias, fused with vision; no_obj_embed_spatial added where score <= 0."""
+        s = self.cfg.image_size
+        hi = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)  # (1, 1, S, S)
+        b = binarize.reshape(-1, 1, 1, 1)
+        mask = b * (hi > 0).to(hi.dtype) + (1.0 - b) * torch.sigmoid(hi)
+        mask = mask * self.vcfg.sigmoid_scale + self.vcfg.sigmoid_bias
+        feats = self.memory_encoder(vision, mask)  # (1, M, e, e)
+        absent = 1.0 - (score > 0).to(feats.dtype).reshape(-1, 1, 1, 1)
+        return feats + absent * self.no_obj_embed_spatial.reshape(1, -1, 1, 1)
+
+    def downsample_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        return self.mask_downsample(mask)
+
+
+def build_sam2_video(
+    cfg: Sam2Config = HIERA_TINY, vcfg: Sam2VideoConfig = VIDEO_TINY, rewrites: Rewrites | None = None
+) -> Sam2VideoModel:
+    """Build the video model in eval mode (weights uninitialised until loaded)."""
+    if cfg.d_model % vcfg.mem_dim:
+        raise ValueError(f"d_model {cfg.d_model} is not a multiple of mem_dim {vcfg.mem_dim}")
+    if not math.log2(vcfg.mask_stride).is_integer():
+        raise ValueError(f"mask_stride {vcfg.mask_stride} is not a power of 2")
+    return Sam2VideoModel(cfg, vcfg, rewrites or Rewrites()).eval()

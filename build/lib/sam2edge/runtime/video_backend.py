@@ -1,0 +1,142 @@
+"""Video backends: the per-frame graphs of tracking, called on numpy arrays.
+
+A backend supplies six calls (shapes: S = image_size, e = S/16, C = d_model, M = mem_dim,
+K = memory slots, P = object-pointer slots); the host (``memory_bank``, ``video_predictor``) does
+everything else (frame selection, object bookkeeping, mask selection) in numpy:
+
+  encode_frame(image 1x3xSxS)                        -> FrameFeatures(vision 1xCxexe, feat_s0, feat_s1)
+  no_memory(vision)                                  -> pix_feat 1xCxexe (vision + no_mem_embed)
+  memory_attention(vision, MemoryInputs)             -> pix_feat 1xCxexe
+  decode(pix_feat, feats, coords 1xNx2, labels 1xN, mask_input 1x1x4ex4e | None)
+                                                     -> VideoDecoded (all four mask tokens)
+  encode_memory(vision, low_res 1x1x4ex4e, binarize, score 1x1) -> memory 1xMxexe
+  downsample_mask(mask 1x1xSxS)                      -> 1x1x4ex4e
+
+plus the constant ``no_obj_ptr`` (1xC). ``EagerVideoBackend`` runs the PyTorch model in fp32; exported
+graphs (issue 18) implement the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from sam2edge.config import Sam2Config, Sam2VideoConfig
+from sam2edge.model import UPSTREAM, Rewrites
+from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
+
+
+@dataclass
+class FrameFeatures:
+    vision: np.ndarray  # 1xCxexe raw lowest FPN level (no no_mem_embed)
+    feat_s0: np.ndarray  # 1x(C/8)x4ex4e
+    feat_s1: np.ndarray  # 1x(C/4)x2ex2e
+
+
+@dataclass
+class MemoryInputs:
+    mem_feats: np.ndarray  # KxMxexe spatial memories, slot-major (empty slots: zeros)
+    mem_tpos: np.ndarray  # 1xK index into maskmem_tpos_enc (num_maskmem - t_pos - 1)
+    mem_valid: np.ndarray  # 1xK 1.0 filled / 0.0 empty
+    ptrs: np.ndarray  # PxC object pointers (empty slots: zeros)
+    ptr_pos: np.ndarray  # 1xP signed temporal distance / t_max
+    ptr_valid: np.ndarray  # 1xP 1.0 filled / 0.0 empty
+
+
+@dataclass
+class VideoDecoded:
+    masks: np.ndarray  # 1x4x4ex4e logits of every mask token (token 0 = single-mask output)
+    iou: np.ndarray  # 1x4
+    score: np.ndarray  # 1x1 object-score logit
+    ptrs: np.ndarray  # 1x4xC object pointer per mask token, no-object pointer mixed in where score <= 0
+
+
+class VideoBackend(Protocol):
+    name: str
+    cfg: Sam2Config
+    vcfg: Sam2VideoConfig
+    no_obj_ptr: np.ndarray
+
+    def encode_frame(self, image: np.ndarray) -> FrameFeatures: ...
+
+    def no_memory(self, vision: np.ndarray) -> np.ndarray: ...
+
+    def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray: ...
+
+    def decode(
+        self,
+        pix_feat: np.ndarray,
+        feats: FrameFeatures,
+        coords: np.ndarray,
+        labels: np.ndarray,
+        mask_input: np.ndarray | None,
+    ) -> VideoDecoded: ...
+
+    def encode_memory(
+        self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray
+    ) -> np.ndarray: ...
+
+    def downsample_mask(self, mask: np.ndarray) -> np.ndarray: ...
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+class EagerVideoBackend:
+    """The PyTorch video model in fp32; default rewrites = upstream's operations."""
+
+    name = "eager"
+
+    def __init__(self, model: Sam2VideoModel) -> None:
+        self.model, self.cfg, self.vcfg = model.eval(), model.cfg, model.vcfg
+        self.no_obj_ptr = model.no_obj_ptr.detach().numpy().copy()
+
+    @classmethod
+    def from_state_dict(
+        cls, sd: dict, cfg: Sam2Config, vcfg: Sam2VideoConfig, rewrites: Rewrites = UPSTREAM
+    ) -> EagerVideoBackend:
+        model = build_sam2_video(cfg, vcfg, rewrites)
+        model.load_state_dict(sd, strict=True)
+        return cls(model)
+
+    @torch.no_grad()
+    def encode_frame(self, image: np.ndarray) -> FrameFeatures:
+        vision, s0, s1 = self.model.encode_frame(_t(image))
+        return FrameFeatures(vision.numpy(), s0.numpy(), s1.numpy())
+
+    @torch.no_grad()
+    def no_memory(self, vision: np.ndarray) -> np.ndarray:
+        return self.model.no_memory(_t(vision)).numpy()
+
+    @torch.no_grad()
+    def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
+        args = (mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid)
+        return self.model.memory_attention_step(_t(vision), *(_t(a) for a in args)).numpy()
+
+    @torch.no_grad()
+    def decode(
+        self,
+        pix_feat: np.ndarray,
+        feats: FrameFeatures,
+        coords: np.ndarray,
+        labels: np.ndarray,
+        mask_input: np.ndarray | None,
+    ) -> VideoDecoded:
+        pe = self.model.sam_prompt_encoder
+        sparse = pe.embed_points(_t(coords), _t(labels))
+        dense = pe.no_mask_dense if mask_input is None else pe.embed_mask(_t(mask_input))
+        out = self.model.decode_video(_t(pix_feat), _t(feats.feat_s0), _t(feats.feat_s1), sparse, dense)
+        return VideoDecoded(*(o.numpy() for o in out))
+
+    @torch.no_grad()
+    def encode_memory(self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray) -> np.ndarray:
+        b = torch.full((1, 1), 1.0 if binarize else 0.0)
+        return self.model.encode_memory(_t(vision), _t(low_res), b, _t(score)).numpy()
+
+    @torch.no_grad()
+    def downsample_mask(self, mask: np.ndarray) -> np.ndarray:
+        return self.model.downsample_mask(_t(mask)).numpy()

@@ -1,0 +1,240 @@
+"""Tracking from an export bundle: a ``VideoBackend`` over the video graphs of any target.
+
+``sam2edge export --video`` adds three graphs to a bundle (file stem + the target's extension: .tflite,
+.onnx, .pte) and one host table; S = image size, e = S/16, C = d_model, M = mem_dim, K = memory slots,
+P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
+
+  memory_attention  vision [1,C,e,e] (raw FPN level, no no_mem_embed), mem_feats [K,M,e,e] (slot-major,
+                    empty slots zeros), mem_tpos [1,K] (index into the temporal encodings), mem_valid [1,K],
+                    ptrs [P,C], ptr_pos [1,P] (signed distance / t_max), ptr_valid [1,P] (1 filled, 0 empty),
+                    rope_cos, rope_sin [HW,C] (``rope_tables.bin``; inputs, not constants: LiteRT's GPU
+                    delegate computes RoPE wrongly from constant tables) -> pix_feat [1,C,e,e]
+  memory_encoder    vision [1,C,e,e], low_res [1,1,4e,4e] mask logits, binarize [1,1] (1: point prompt),
+                    score [1,1] object-score logit -> memory [1,M,e,e]
+  video_decoder     pix_feat [1,C,e,e], feat_s0, feat_s1, sparse_prompt [1,T,C] (host-encoded tokens),
+                    sparse_valid [1,T], mask_input [1,1,4e,4e], has_mask [1,1]
+                    -> masks [1,4,4e,4e] (every mask token), iou_scores [1,4], object_score [1,1],
+                       obj_ptrs [1,4,C] (no-object pointer mixed in where object_score <= 0)
+  video_const.bin   float32 LE: no_mem_embed [C] | no_obj_ptr [C] | mask_downsample weight [4x4] | bias [1]
+  rope_tables.bin   float32 LE: RoPE cos [HW,C] | sin [HW,C] (axial, row-major grid; memory_attention's inputs)
+  + the prompt tables of ``runtime.litert_backend.TABLE_FILES`` (every target: the tokens are host-encoded)
+
+The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
+One runner per target (``RUNNERS``) wraps that target's own session code; the memory bank, frame
+selection and object bookkeeping stay in ``video_predictor`` / ``memory_bank``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from sam2edge.bundle import load_card
+from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
+from sam2edge.errors import UserError
+from sam2edge.runtime.litert_backend import read_tables
+from sam2edge.runtime.prompts import encode_points
+from sam2edge.runtime.video_backend import FrameFeatures, MemoryInputs, VideoDecoded
+
+# role -> (file stem, input names in call order, output names)
+VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "memory-attention": (
+        "memory_attention",
+        ("vision", "mem_feats", "mem_tpos", "mem_valid", "ptrs", "ptr_pos", "ptr_valid", "rope_cos", "rope_sin"),
+        ("pix_feat",),
+    ),
+    "memory-encoder": ("memory_encoder", ("vision", "low_res", "binarize", "score"), ("memory",)),
+    "video-decoder": (
+        "video_decoder",
+        ("pix_feat", "feat_s0", "feat_s1", "sparse_prompt", "sparse_valid", "mask_input", "has_mask"),
+        ("masks", "iou_scores", "object_score", "obj_ptrs"),
+    ),
+}
+EXTENSIONS = {"litert": ".tflite", "onnx": ".onnx", "executorch": ".pte"}
+CONST_FILE = "video_const.bin"
+ROPE_FILE = "rope_tables.bin"  # float32 LE: RoPE cos [HW, C] | sin [HW, C], memory_attention's last two inputs
+DEFAULT_VIDEO_TOKENS = 8  # prompt-token slots of video_decoder: box corners + points + 1 pad
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def video_file(target: str, role: str) -> str:
+    return VIDEO_GRAPHS[role][0] + EXTENSIONS[target]
+
+
+def const_layout(c: int) -> dict[str, tuple[int, int]]:
+    """video_const.bin: name -> (offset, count) in float32 values."""
+    sizes = {"no_mem_embed": c, "no_obj_ptr": c, "mask_downsample_weight": 16, "mask_downsample_bias": 1}
+    out, at = {}, 0
+    for name, n in sizes.items():
+        out[name], at = (at, n), at + n
+    return out
+
+
+def read_const(folder: Path, c: int) -> dict[str, np.ndarray]:
+    path = Path(folder) / CONST_FILE
+    layout = const_layout(c)
+    total = sum(n for _, n in layout.values())
+    arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
+    if arr.size != total:
+        raise UserError(f"{path} holds {arr.size} floats, expected {total}; re-export the bundle with --video")
+    return {k: arr[o : o + n].astype(np.float32) for k, (o, n) in layout.items()}
+
+
+def read_rope(folder: Path, hw: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+    path = Path(folder) / ROPE_FILE
+    arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
+    if arr.size != 2 * hw * c:
+        raise UserError(f"{path} holds {arr.size} floats, expected {2 * hw * c}; re-export the bundle with --video")
+    cos, sin = arr.astype(np.float32).reshape(2, hw, c)
+    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+
+
+def _litert_runner(path: Path, role: str, threads: int | None) -> Runner:
+    from sam2edge.runtime.litert_backend import _interpreter
+
+    sig = _interpreter(path, threads or 1)
+    return lambda feed: sig(**feed)
+
+
+def _onnx_runner(path: Path, role: str, threads: int | None) -> Runner:
+    from sam2edge.runtime.onnx_backend import make_session
+
+    sess = make_session(path, threads=threads)
+    names = list(VIDEO_GRAPHS[role][2])
+    return lambda feed: dict(zip(names, sess.run(names, feed)))
+
+
+def _executorch_runner(path: Path, role: str, threads: int | None) -> Runner:
+    import torch
+
+    from sam2edge.runtime.executorch_backend import load_method
+
+    method = load_method(path, "re-run `sam2edge export --target executorch --video`")
+    _, ins, outs = VIDEO_GRAPHS[role]
+
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        res = method.execute([torch.from_numpy(feed[n]) for n in ins])
+        return {n: t.numpy().copy() for n, t in zip(outs, res)}
+
+    return run
+
+
+# target -> fn(path, role, threads) -> Runner: each wraps that target's own session code
+RUNNERS: dict[str, Callable[[Path, str, int | None], Runner]] = {
+    "litert": _litert_runner,
+    "onnx": _onnx_runner,
+    "executorch": _executorch_runner,
+}
+
+
+class GraphRunners(Mapping[str, Runner]):
+    """role -> Runner for one bundle's three video graphs, each loaded on first use: a caller that runs only
+    some of them (``serve``: the page runs the graphs, the server only the frame encoder) loads no others.
+    The files' SHA-256 are checked when the bundle is opened; a graph its runtime refuses is reported at its
+    first call."""
+
+    def __init__(self, target: str, folder: Path, threads: int | None) -> None:
+        self.target, self.folder, self.threads = target, Path(folder), threads
+        self._loaded: dict[str, Runner] = {}
+
+    def __getitem__(self, role: str) -> Runner:
+        if role not in self._loaded:
+            path = self.folder / video_file(self.target, role)  # KeyError for a role that is not a video graph
+            self._loaded[role] = RUNNERS[self.target](path, role, self.threads)
+        return self._loaded[role]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(VIDEO_GRAPHS)
+
+    def __len__(self) -> int:
+        return len(VIDEO_GRAPHS)
+
+    def loaded(self) -> tuple[str, ...]:
+        """The roles whose runtime session exists, in load order."""
+        return tuple(self._loaded)
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+class BundleVideoBackend:
+    """``VideoBackend`` over an image backend (frame encoder) and the three video graphs of one target."""
+
+    def __init__(self, image, target: str, folder: Path, cfg: Sam2Config, vcfg: Sam2VideoConfig, **kw) -> None:
+        self.image, self.cfg, self.vcfg, self.name = image, cfg, vcfg, f"{target}-bundle"
+        self.num_tokens = int(kw.get("num_tokens") or DEFAULT_VIDEO_TOKENS)
+        threads = kw.get("threads")
+        self.run = GraphRunners(target, folder, threads)
+        self.tables = read_tables(folder, cfg.d_model)
+        self.const = read_const(folder, cfg.d_model)
+        self.no_obj_ptr = self.const["no_obj_ptr"].reshape(1, -1)
+        self._no_mem = self.const["no_mem_embed"].reshape(1, -1, 1, 1)
+        self.rope = read_rope(folder, cfg.image_embedding_size**2, cfg.d_model)
+
+    def encode_frame(self, image: np.ndarray) -> FrameFeatures:
+        f = self.image.encode(_f32(image))
+        return FrameFeatures(_f32(f.image_embed - self._no_mem), _f32(f.feat_s0), _f32(f.feat_s1))
+
+    def no_memory(self, vision: np.ndarray) -> np.ndarray:
+        return vision + self._no_mem
+
+    def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
+        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid, *self.rope)
+        feed = dict(zip(VIDEO_GRAPHS["memory-attention"][1], (_f32(a) for a in args)))
+        return self.run["memory-attention"](feed)["pix_feat"]
+
+    def decode(self, pix_feat, feats: FrameFeatures, coords, labels, mask_input) -> VideoDecoded:
+        """coords 1xNx2 model-input px, labels 1xN (the predictor's layout, pad included) -> all 4 tokens."""
+        n = int(np.asarray(labels).size)
+        if n > self.num_tokens:
+            raise UserError(
+                f"{n} prompt tokens (box corners + points + pad) exceed this bundle's {self.num_tokens} video "
+                f"prompt slots; use at most {self.num_tokens - 1} points on a frame"
+            )
+        tokens, valid = encode_points(coords[0], labels[0], self.tables, self.cfg.image_size, self.num_tokens)
+        side = 4 * self.cfg.image_embedding_size
+        mask = np.zeros((1, 1, side, side), np.float32) if mask_input is None else mask_input
+        has = np.full((1, 1), 0.0 if mask_input is None else 1.0, np.float32)
+        args = (pix_feat, feats.feat_s0, feats.feat_s1, tokens, valid, mask, has)
+        out = self.run["video-decoder"](dict(zip(VIDEO_GRAPHS["video-decoder"][1], (_f32(a) for a in args))))
+        return VideoDecoded(out["masks"], out["iou_scores"], out["object_score"], out["obj_ptrs"])
+
+    def encode_memory(self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray) -> np.ndarray:
+        b = np.full((1, 1), 1.0 if binarize else 0.0, np.float32)
+        feed = {"vision": _f32(vision), "low_res": _f32(low_res), "binarize": b, "score": _f32(score).reshape(1, 1)}
+        return self.run["memory-encoder"](feed)["memory"]
+
+    def downsample_mask(self, mask: np.ndarray) -> np.ndarray:
+        """mask 1x1xSxS -> 1x1x(S/4)x(S/4): the 4x4 stride-4 convolution, on the host."""
+        s4 = self.cfg.image_size // 4
+        blocks = _f32(mask).reshape(s4, 4, s4, 4)  # (S/4, 4, S/4, 4)
+        w = self.const["mask_downsample_weight"].reshape(4, 4)
+        out = np.einsum("aibj,ij->ab", blocks, w) + self.const["mask_downsample_bias"][0]
+        return _f32(out.reshape(1, 1, s4, s4))
+
+
+def open_video_bundle(folder: str | Path, *, threads: int | None = None, image=None) -> tuple[BundleVideoBackend, dict]:
+    """(backend, card) for a bundle exported with ``--video`` (artifacts checked before loading); ``image``:
+    this bundle's image backend when the caller already holds one (the frame encoder), else loaded here."""
+    from sam2edge.runtime.backends import backend_for
+
+    folder = Path(folder)
+    card = load_card(folder)
+    target, video = card.get("target"), card.get("extra", {}).get("video")
+    if target not in RUNNERS:
+        raise UserError(f"{folder}: tracking runs from {', '.join(RUNNERS)} bundles, not {target!r}")
+    if not isinstance(video, dict):
+        raise UserError(f"{folder} has no video graphs; re-export it with `sam2edge export ... --video`")
+    if image is None:
+        image = backend_for(target).from_bundle(folder, threads=threads)  # card + every artifact's SHA-256
+    try:
+        cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
+        vcfg = get_video_config(card["config"])
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
+    return BundleVideoBackend(
+        image, target, folder, cfg, vcfg, threads=threads, num_tokens=video.get("num_tokens")
+    ), card

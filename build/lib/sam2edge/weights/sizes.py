@@ -1,0 +1,132 @@
+"""Which SAM 2.1 size a checkpoint holds, read from its tensor shapes (Meta or HF naming).
+
+Shapes fix a trunk's stage-1 width (``pos_embed`` channels), its pos-embed background grid and
+first window side, its block count and stage boundaries (the first block of a stage carries a
+shortcut ``proj``), and the FPN width. Heads, global blocks and later window sides leave no trace
+in shapes; they follow from the one registered config whose shape signature matches
+(``tests/test_sizes.py`` holds the registry to unique signatures).
+
+``detect_config`` is pure (state dict -> config name); ``checkpoint_config`` reads only shapes of
+a file (memory-mapped .pt, lazily opened .safetensors); ``check_size`` turns a checkpoint of one
+size loaded with another size's config into one line naming both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from sam2edge.config import CONFIGS, Sam2Config
+from sam2edge.errors import UserError
+
+# format -> (trunk prefix, FPN lateral conv of the lowest-resolution level, whose out-channels = d_model)
+_LAYOUT = {
+    "meta": ("image_encoder.trunk.", "image_encoder.neck.convs.0.conv.weight"),
+    "hf": ("vision_encoder.backbone.", "vision_encoder.neck.convs.0.weight"),
+}
+DEFAULT_CONFIG = "sam2.1-hiera-tiny"  # the synthetic checkpoint's size when none is named
+
+
+class SizeError(UserError):
+    """A checkpoint whose size matches no config, or not the config asked for."""
+
+
+def config_signature(cfg: Sam2Config) -> tuple:
+    """(stage-1 width, stages, pos-embed background, first window side, FPN width) of a config."""
+    return (cfg.embed_dim, tuple(cfg.stages), tuple(cfg.window_pos_embed_bkg), cfg.window_spec[0], cfg.d_model)
+
+
+def shape_signature(shapes: Mapping[str, tuple[int, ...]]) -> tuple | None:
+    """The same signature read from a checkpoint's {name: shape} (Meta or HF names); None if no trunk."""
+    for trunk, neck in _LAYOUT.values():
+        pe, pew = shapes.get(trunk + "pos_embed"), shapes.get(trunk + "pos_embed_window")
+        if pe is None or pew is None or neck not in shapes:
+            continue
+        block = re.compile(re.escape(trunk) + r"blocks\.(\d+)\.")
+        ids = {int(m.group(1)) for k in shapes if (m := block.match(k))}
+        starts = sorted(i for i in ids if trunk + f"blocks.{i}.proj.weight" in shapes)  # first block of stages 2..n
+        bounds = [0, *starts, max(ids, default=-1) + 1]
+        stages = tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+        return (int(pe[1]), stages, (int(pe[2]), int(pe[3])), int(pew[2]), int(shapes[neck][0]))
+    return None
+
+
+def _describe(sig: tuple | None) -> str:
+    if sig is None:
+        return "no SAM 2.1 image encoder"
+    return f"Hiera width {sig[0]}, stages {list(sig[1])}, FPN width {sig[4]}"
+
+
+def detect_config(sd: Mapping[str, torch.Tensor | tuple[int, ...]], source: str = "checkpoint") -> str:
+    """Name of the registered config (``sam2edge.config.CONFIGS``) whose shapes the state dict has.
+
+    Full-size configs win over test configs of the same signature (there are none today).
+    Raises SizeError naming what the checkpoint holds when nothing matches.
+    """
+    sig = shape_signature({k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in sd.items()})
+    matches = [name for name, cfg in CONFIGS.items() if sig is not None and config_signature(cfg) == sig]
+    if not matches:
+        known = ", ".join(n for n in CONFIGS if not n.startswith("test-"))
+        raise SizeError(
+            f"{source} holds {_describe(sig)}, which is none of the SAM 2.1 sizes ({known});"
+            " pass an unmodified SAM 2.1 checkpoint"
+        )
+    return sorted(matches, key=lambda n: n.startswith("test-"))[0]
+
+
+def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of a .pt / .safetensors file without reading its data where the format allows."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 - not a dict
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # legacy (non-zip) .pt files cannot be memory-mapped
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise SizeError(
+            f"cannot read checkpoint {path}: {reason}; the file is truncated or not a PyTorch/safetensors checkpoint"
+            " (re-download it)"
+        ) from None
+    sd = obj["model"] if isinstance(obj, dict) and "model" in obj else obj
+    if not isinstance(sd, dict):
+        raise SizeError(f"checkpoint {path} holds no tensor state dict; pass a SAM 2.1 .pt or model.safetensors")
+    return {k: tuple(v.shape) for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def checkpoint_config(spec: str | None) -> str:
+    """Config name for a checkpoint spec (path, hub id, or None / synthetic / the default official weights ->
+    Hiera-Tiny)."""
+    from sam2edge.weights.load import DEFAULT_CHECKPOINT, SYNTHETIC, resolve_checkpoint
+
+    path = resolve_checkpoint(spec)
+    if path in (SYNTHETIC, DEFAULT_CHECKPOINT):
+        return DEFAULT_CONFIG
+    return detect_config(checkpoint_shapes(path), f"checkpoint {path}")
+
+
+def check_size(sd: Mapping[str, torch.Tensor], cfg: Sam2Config, source: str) -> None:
+    """One-line SizeError when ``sd`` is a recognised size other than ``cfg``'s; silent otherwise.
+
+    A checkpoint that matches no size is left to the strict key map, which lists what is wrong.
+    """
+    sig = shape_signature({k: tuple(v.shape) for k, v in sd.items()})
+    if sig is None or sig == config_signature(cfg):
+        return
+    try:
+        held = detect_config(sd, source)
+    except SizeError:
+        return
+    asked = next((n for n, c in CONFIGS.items() if config_signature(c) == config_signature(cfg)), "the given config")
+    raise SizeError(
+        f"{source} holds {held} weights but the config is {asked}; "
+        f"drop --config to detect the size from the weights, or pass --config {held}"
+    )
