@@ -33,7 +33,11 @@ def test_top_level_api_is_lazy(tmp_path):
     )
     r = _run([sys.executable, "-c", code], cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["sam2edge.runtime.predictor", "sam2edge.runtime.video_predictor", "sam2edge.runtime.automatic"]
+    assert r.stdout.split() == [
+        "sam2edge.runtime.predictor",
+        "sam2edge.runtime.video_predictor",
+        "sam2edge.runtime.automatic",
+    ]
     import sam2edge
 
     with pytest.raises(AttributeError, match="no attribute 'Sam3Predictor'"):
@@ -147,7 +151,10 @@ def test_wheel_installs_and_segments(tmp_path):
     """The wheel holds the package, its web assets and sample photo access; installed on its own (no source
     tree on the path) it answers --version and segments a bundled photo."""
     dist = tmp_path / "dist"
-    r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)], cwd=tmp_path)
+    r = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     (wheel,) = dist.glob("sam2edge-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -155,7 +162,9 @@ def test_wheel_installs_and_segments(tmp_path):
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta and "Project-URL" in meta
     site = tmp_path / "site"
-    r = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)], cwd=tmp_path)
+    r = _run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)], cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     env = {**os.environ, "PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"}
     code = "import sam2edge, sys; print(sam2edge.__file__); sys.exit(__import__('sam2edge.cli.main').cli.main.main())"
