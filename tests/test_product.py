@@ -175,3 +175,23 @@ def test_wheel_installs_and_segments(tmp_path):
     r = _run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert out.is_file() and out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ship_table_rows_are_their_source_records_figures():
+    """The "which bundle to ship" record only assembles: each row's figures equal its source record's row."""
+    records = {r["id"]: r for r in (read_record(p) for p in RECORDS.glob("*.json"))}
+    ship = records["ship-tiny-1024"]
+    for row in ship["rows"]:
+        rec_id, name = row["source"].split(": ", 1)
+        (src,) = [r for r in records[rec_id]["rows"] if r.get("bundle") == name]
+        shared = set(row) & set(src) - {"bundle", "source"}
+        assert shared, row
+        assert {k: row[k] for k in shared} == {k: src[k] for k in shared}, row["bundle"]
+
+
+def test_readme_ship_table_is_the_record():
+    """README.md shows the ship record's table exactly as ``sam2edge report`` renders it."""
+    ship = read_record(RECORDS / "00-ship-tiny-1024.json")
+    readme = (ROOT / "README.md").read_text().splitlines()
+    for line in table(ship):
+        assert line in readme, line
