@@ -25,6 +25,7 @@ from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
 from sam2edge.runtime.video_io import read_frames
+from sam2edge.validate import check_index, check_int, check_mask_2d, check_video_prompt
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -138,7 +139,7 @@ class Sam2VideoPredictor:
     ):
         """Points (Nx2, labels 1 fg / 0 bg) and/or a box on one frame -> (frame_idx, obj_ids, masks)."""
         state = inference_state
-        self._check_frame(state, frame_idx)
+        frame_idx, points, labels, box = check_video_prompt(frame_idx, state.num_frames, obj_id, points, labels, box)
         coords, labs = self._prompt_points(state, points, labels, box, clear_old_points, normalize_coords)
         idx = self._obj_idx(state, obj_id)
         if not clear_old_points and frame_idx in state.points[idx]:
@@ -154,8 +155,8 @@ class Sam2VideoPredictor:
     def add_new_mask(self, inference_state: VideoState, frame_idx: int, obj_id: int, mask):
         """A binary HxW mask on one frame (used as that frame's output, as upstream)."""
         state = inference_state
-        self._check_frame(state, frame_idx)
-        m = torch.as_tensor(np.asarray(mask), dtype=torch.bool)
+        frame_idx, _ = check_index("frame_idx", frame_idx, state.num_frames), check_int("obj_id", obj_id)
+        m = torch.as_tensor(check_mask_2d("mask", mask))
         if m.dim() != 2:
             raise TrackingError(f"mask must be 2-D (H, W), got shape {tuple(m.shape)}")
         s = self.image_size
@@ -268,11 +269,13 @@ class Sam2VideoPredictor:
     ) -> Iterator[tuple[int, list[int], torch.Tensor]]:
         """Yield (frame_idx, obj_ids, video_res_masks (num_objects, 1, H, W) logits) frame by frame."""
         state = inference_state
+        if max_frame_num_to_track is not None:
+            check_int("max_frame_num_to_track", max_frame_num_to_track, 0)
         self.propagate_in_video_preflight(state)
         n = state.num_frames
         if start_frame_idx is None:
             start_frame_idx = min(t for m in state.memory.values() for t in m.cond)
-        self._check_frame(state, start_frame_idx)
+        start_frame_idx = check_index("start_frame_idx", start_frame_idx, n)
         span = n if max_frame_num_to_track is None else max_frame_num_to_track
         if reverse:
             end = max(start_frame_idx - span, 0)
