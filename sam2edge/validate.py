@@ -259,6 +259,14 @@ def memory_bytes() -> int:
         return 8 << 30
 
 
+def max_crop_layers() -> int:
+    """The most crop layers whose crop boxes (4^i per layer i, ``BYTES_PER_CROP`` each) fit in memory."""
+    layers = 0
+    while sum(4**i for i in range(layers + 2)) * BYTES_PER_CROP <= memory_bytes():
+        layers += 1
+    return layers
+
+
 def grid_prompts(points_per_side: int, crop_layers: int, downscale: int) -> int:
     """Point prompts of a whole run: layer i has 4^i crops of (points_per_side / downscale^i)^2 points each."""
     return sum((2**i) ** 2 * int(points_per_side / downscale**i) ** 2 for i in range(crop_layers + 1))
@@ -271,9 +279,7 @@ def check_grid(points_per_side: int | None, crop_layers: object, downscale: obje
     scale = check_int("crop_n_points_downscale_factor", downscale, 1)
     check_int("points_per_batch (--points-per-batch)", points_per_batch, 1)
     limit = memory_bytes() // BYTES_PER_PROMPT
-    max_layers = 0
-    while sum(4**i for i in range(max_layers + 2)) * BYTES_PER_CROP <= memory_bytes():
-        max_layers += 1
+    max_layers = max_crop_layers()
     if layers > max_layers:
         gib = memory_bytes() / (1 << 30)
         raise InputError(
