@@ -194,6 +194,13 @@ def check_index(name: str, value: object, count: int) -> int:
     return int(value)
 
 
+def check_propagation(start: object, max_frames: object, count: int) -> int:
+    """``propagate_in_video``'s start frame (an index) and frame budget (an integer >= 0, or None) -> start."""
+    if max_frames is not None:
+        check_int("max_frame_num_to_track", max_frames, 0)
+    return check_index("start_frame_idx", start, count)
+
+
 def parse_index(name: str, text: str, count: int) -> int:
     """A frame number written in ASCII digits (a URL segment) -> int, else InputError. ``str.isdigit``
     accepts '١' and '²', which ``int`` then refuses or reads as another number."""

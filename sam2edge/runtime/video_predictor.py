@@ -25,7 +25,7 @@ from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
 from sam2edge.runtime.video_io import read_frames
-from sam2edge.validate import check_index, check_int, check_mask_2d, check_video_prompt
+from sam2edge.validate import check_index, check_int, check_mask_2d, check_propagation, check_video_prompt
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -122,8 +122,7 @@ class Sam2VideoPredictor:
         return idx
 
     def _check_frame(self, state: VideoState, frame_idx: int) -> None:
-        if not 0 <= frame_idx < state.num_frames:
-            raise TrackingError(f"frame {frame_idx} is out of range; the video has frames 0..{state.num_frames - 1}")
+        check_index("frame_idx", frame_idx, state.num_frames)
 
     # ---- prompts ------------------------------------------------------------------------
     def add_new_points_or_box(
@@ -269,13 +268,11 @@ class Sam2VideoPredictor:
     ) -> Iterator[tuple[int, list[int], torch.Tensor]]:
         """Yield (frame_idx, obj_ids, video_res_masks (num_objects, 1, H, W) logits) frame by frame."""
         state = inference_state
-        if max_frame_num_to_track is not None:
-            check_int("max_frame_num_to_track", max_frame_num_to_track, 0)
         self.propagate_in_video_preflight(state)
         n = state.num_frames
         if start_frame_idx is None:
             start_frame_idx = min(t for m in state.memory.values() for t in m.cond)
-        start_frame_idx = check_index("start_frame_idx", start_frame_idx, n)
+        start_frame_idx = check_propagation(start_frame_idx, max_frame_num_to_track, n)
         span = n if max_frame_num_to_track is None else max_frame_num_to_track
         if reverse:
             end = max(start_frame_idx - span, 0)
