@@ -152,3 +152,214 @@ def check_outputs(outputs: dict[str, str | Path], inputs: tuple[str | Path, ...]
         if blocked is not None:
             why = "is a file, not a folder" if blocked.exists() and not blocked.is_dir() else "is not writable"
             raise InputError(f"{opt} {raw}: {blocked} {why}; pass a path in a writable folder")
+
+
+# ---- numbers, indices and ranges ------------------------------------------------------------------
+def check_number(name: str, value: object, lo: float | None = None, hi: float | None = None) -> float:
+    """A finite real number (bool refused) with ``lo <= value <= hi`` where given, else InputError."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InputError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(float(value)):
+        raise InputError(f"{name} is {value}; pass a finite number")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = (
+            f"{lo:g}..{hi:g}" if lo is not None and hi is not None else (f">= {lo:g}" if hi is None else f"<= {hi:g}")
+        )
+        raise InputError(f"{name} {float(value):g} is out of range; use a value in {span}")
+    return float(value)
+
+
+def check_fraction(name: str, value: object) -> float:
+    """A threshold or ratio in [0, 1] (NaN would silently switch a filter off), else InputError."""
+    return check_number(name, value, 0.0, 1.0)
+
+
+def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer (Python or numpy; bool and 1.5 refused) with ``lo <= value <= hi`` where given."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InputError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        span = f"{lo}..{hi}" if lo is not None and hi is not None else (f">= {lo}" if hi is None else f"<= {hi}")
+        raise InputError(f"{name} {v} is out of range; use {span}")
+    return v
+
+
+def check_index(name: str, value: object, count: int) -> int:
+    """An integer index into ``count`` items (a frame number), else InputError naming the valid span."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InputError(f"{name} must be an integer frame number, got {value!r} ({type(value).__name__})")
+    if not 0 <= int(value) < count:
+        raise InputError(f"{name} {int(value)} is out of range; the video has frames 0..{count - 1}")
+    return int(value)
+
+
+def check_propagation(start: object, max_frames: object, count: int) -> int:
+    """``propagate_in_video``'s start frame (an index) and frame budget (an integer >= 0, or None) -> start."""
+    if max_frames is not None:
+        check_int("max_frame_num_to_track", max_frames, 0)
+    return check_index("start_frame_idx", start, count)
+
+
+def parse_index(name: str, text: str, count: int) -> int:
+    """A frame number written in ASCII digits (a URL segment) -> int, else InputError. ``str.isdigit``
+    accepts '١' and '²', which ``int`` then refuses or reads as another number."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
+        raise InputError(f"{name} {text[:20]!r} is not a frame number; write it in digits 0-9")
+    return check_index(name, int(text), count)
+
+
+# ---- frames and masks ------------------------------------------------------------------------------
+def check_frames(frames: list, where: str = "frame") -> list[np.ndarray]:
+    """A non-empty list of HxWx3 uint8 RGB arrays of one size, H, W >= 1, else InputError naming the frame."""
+    if not frames:
+        raise InputError("the video holds no frames; pass a video with at least one frame")
+    for i, f in enumerate(frames):
+        if not isinstance(f, np.ndarray) or f.dtype != np.uint8 or f.ndim != 3 or f.shape[2] != 3:
+            shape = getattr(f, "shape", type(f).__name__)
+            raise InputError(f"{where} {i} is not an HxWx3 uint8 RGB array ({shape}); pass uint8 RGB frames")
+        if f.shape[0] < 1 or f.shape[1] < 1:
+            raise InputError(f"{where} {i} is {f.shape[1]}x{f.shape[0]} pixels (empty); pass frames with pixels")
+        if f.shape != frames[0].shape:
+            h, w = frames[0].shape[:2]
+            raise InputError(f"{where} {i} is {f.shape[1]}x{f.shape[0]}, frame 0 is {w}x{h}; pass frames of one size")
+    return frames
+
+
+def check_mask_2d(name: str, mask: object) -> np.ndarray:
+    """A binary HxW mask (bool or finite numbers, H, W >= 1) -> bool array, else InputError."""
+    if isinstance(mask, np.ndarray) and mask.dtype == bool:
+        m = mask
+    else:
+        m = _float_array(name, mask, np.float64) != 0
+    if m.ndim != 2 or m.shape[0] < 1 or m.shape[1] < 1:
+        raise InputError(f"{name} must be a 2-D (H, W) array with pixels, got shape {m.shape}")
+    return m
+
+
+def check_video_prompt(
+    frame_idx: object, num_frames: int, obj_id: object, points: object, labels: object, box: object
+) -> tuple[int, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """``Sam2VideoPredictor.add_new_points_or_box`` arguments -> (frame, coords Nx2, labels N, box (4,))."""
+    frame = check_index("frame_idx", frame_idx, num_frames)
+    check_int("obj_id", obj_id)
+    if (points is None) != (labels is None):
+        raise InputError("points and labels must be provided together (labels 1 object, 0 background)")
+    if points is None and box is None:
+        raise InputError("at least one of points or box must be provided as input")
+    coords, labs = check_points(points, labels) if points is not None else (None, None)
+    return frame, coords, labs, check_box(box) if box is not None else None
+
+
+# ---- automatic mask generation: grid sizes bounded by memory ---------------------------------------
+# held for the whole run per grid point: up to 3 kept masks as uncompressed RLE, ~2 runs per column of a
+# 1024-px image as Python ints (3 x 2 x 1024 x 8 B = 48 KiB), rounded up for the record's other fields
+BYTES_PER_PROMPT = 64 << 10
+BYTES_PER_CROP = 256  # per crop box, listed for all layers up front (box, layer, Python list overhead)
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (bytes); 8 GiB where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def max_crop_layers() -> int:
+    """The most crop layers whose crop boxes (4^i per layer i, ``BYTES_PER_CROP`` each) fit in memory."""
+    layers = 0
+    while sum(4**i for i in range(layers + 2)) * BYTES_PER_CROP <= memory_bytes():
+        layers += 1
+    return layers
+
+
+def grid_prompts(points_per_side: int, crop_layers: int, downscale: int) -> int:
+    """Point prompts of a whole run: layer i has 4^i crops of (points_per_side / downscale^i)^2 points each."""
+    return sum((2**i) ** 2 * int(points_per_side / downscale**i) ** 2 for i in range(crop_layers + 1))
+
+
+def check_grid(points_per_side: int | None, crop_layers: object, downscale: object, points_per_batch: object) -> None:
+    """Grid, crop-layer and batch sizes of segment-everything: integers >= 1 (crop layers >= 0), with the
+    whole run's prompts bounded by memory (``BYTES_PER_PROMPT`` each, at most this machine's memory)."""
+    layers = check_int("crop_n_layers (--crop-layers)", crop_layers, 0)
+    scale = check_int("crop_n_points_downscale_factor", downscale, 1)
+    check_int("points_per_batch (--points-per-batch)", points_per_batch, 1)
+    limit = memory_bytes() // BYTES_PER_PROMPT
+    max_layers = max_crop_layers()
+    if layers > max_layers:
+        gib = memory_bytes() / (1 << 30)
+        raise InputError(
+            f"crop_n_layers (--crop-layers) {layers} is out of range: layer i adds 4^i crops, and {gib:.0f} GiB of "
+            f"memory lists at most {max_layers} layers ({BYTES_PER_CROP} B per crop); use 0..{max_layers}"
+        )
+    if points_per_side is None:
+        return
+    side = check_int("points_per_side (--points-per-side)", points_per_side, 1)
+    n = grid_prompts(min(side, 1 << 20), layers, scale)
+    if n > limit:
+        gib = memory_bytes() / (1 << 30)
+        raise InputError(
+            f"--points-per-side {side} with --crop-layers {layers} is {n} prompts, over the {limit} that "
+            f"{gib:.0f} GiB of memory holds ({BYTES_PER_PROMPT // 1024} KiB each); use a smaller grid or fewer layers"
+        )
+
+
+# ---- output paths that must not nest ----------------------------------------------------------------
+def _nested(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are one path, or one lies inside the other (resolved, so ``x/../x`` counts)."""
+    ra, rb = a.resolve(), b.resolve()
+    return ra == rb or ra in rb.parents or rb in ra.parents or _same_file(a, b)
+
+
+def check_disjoint(outputs: dict[str, str | Path | None], inputs: tuple[str | Path, ...] = ()) -> None:
+    """Refuse an output (file or folder, option name -> path) equal to, inside, or containing another
+    output or an input: the later write would replace or delete the earlier one."""
+    seen: dict[str, Path] = {}
+    for opt, raw in outputs.items():
+        if raw is None:
+            continue
+        path = Path(raw)
+        for src in inputs:
+            if _nested(path, Path(src)):
+                raise InputError(f"{opt} {raw} overlaps the input {src}; write outside the input")
+        for other, p in seen.items():
+            if _nested(path, p):
+                raise InputError(
+                    f"{opt} {raw} and {other} {p} overlap (one is, or is inside, the other); "
+                    "give paths apart from each other"
+                )
+        seen[opt] = path
+
+
+# segment-everything option -> (check, command-line flag or "" where the CLI has none)
+AMG_FRACTIONS = {
+    "pred_iou_thresh": "--pred-iou-thresh",
+    "stability_score_thresh": "--stability-thresh",
+    "box_nms_thresh": "--box-nms-thresh",
+    "crop_nms_thresh": "",
+    "crop_overlap_ratio": "",
+}
+
+
+def check_amg_options(opts: dict) -> None:
+    """``Sam2AutomaticMaskGenerator`` keyword arguments (the CLI passes its options through the same call):
+    thresholds and ratios in [0, 1], offsets finite, areas and grid sizes integers (see ``check_grid``)."""
+
+    def label(name: str, flag: str) -> str:
+        return f"{name} ({flag})" if flag else name
+
+    check_grid(
+        opts.get("points_per_side"),
+        opts.get("crop_n_layers", 0),
+        opts.get("crop_n_points_downscale_factor", 1),
+        opts.get("points_per_batch", 64),
+    )
+    for name, flag in AMG_FRACTIONS.items():
+        if name in opts:
+            check_fraction(label(name, flag), opts[name])
+    for name in ("stability_score_offset", "mask_threshold"):
+        if name in opts:
+            check_number(name, opts[name])
+    if "min_mask_region_area" in opts:
+        check_int("min_mask_region_area (--min-region-area)", opts["min_mask_region_area"], 0)

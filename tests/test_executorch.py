@@ -106,6 +106,9 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
     bars = BARS[precision]  # the one bar table (export and verify)
     passed = e2e["iou_worst"] >= bars["min_iou_worst"] and e2e["iou_median"] >= bars.get("min_iou_median", 0.0)
     assert card["status"] == ("shippable" if passed else "rejected"), (card["status"], e2e)
+    # Expected: both precisions meet their bar with these weights (int8 measured by this export at test-small,
+    # 40 clicks: worst 0.9934 against the bar 0.95, median 0.9980). A bundle that misses it fails here.
+    assert passed and card["status"] == "shippable", (precision, card["status"], e2e, bars)
     for name, s in card["extra"]["sizes"].items():
         assert s["bytes"] <= s["limit_bytes"], (name, s)
     # the bundle runs, and its encoder stays close to eager fp32
@@ -120,13 +123,13 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
     )
     assert cos > (0.999 if precision == "fp16" else 0.95), cos
     if precision == "fp16":
-        assert passed and e2e["iou_worst"] >= 0.99, e2e
+        assert e2e["iou_worst"] >= 0.99, e2e
 
 
 def test_int8_quantises_the_linear_layers_only():
     """Dynamic int8 covers the Linear layers (card: ``encoder outside the Linear layers`` stays fp32): a
     quantised convolution took XNNPACK's dynamic-quant layout path and broke the encoder's program at run
-    time (session 29). One per-channel weight dequantisation per Linear, none for the convolution, and the
+    time. One per-channel weight dequantisation per Linear, none for the convolution, and the
     program runs close to eager. (A convolution straight into a quantised Linear fails XNNPACK's lowering:
     "Weight and Input should both be quantized"; the model has a norm between them everywhere.)"""
     from sam2edge.export.executorch import REWRITES, _quantize_int8, lower_program

@@ -174,14 +174,20 @@ def test_constants_are_rebaked_on_load(sd):
 
 @pytest.mark.parametrize("limit", [8192, 100, 1])
 def test_attention_slices_fit_the_texture_limit(limit):
-    """Every slice fits ``limit`` texture rows (when one item can), slices are equal but the last, and fewest."""
+    """Every slice fits ``limit`` texture rows (when one item can), slices are equal but the last, and fewest;
+    where one item cannot fit (every shape at ``limit`` 1), slices of one item."""
+    fits = 0
     for batch, heads, d, nk in itertools.product((1, 25, 100, 1024), (1, 2, 4, 8), (16, 96), (16, 64, 196, 4096)):
         step = attention_chunk(batch, heads, d, nk, limit)
         rows = heads * -(-max(d, nk) // 4)
         assert 1 <= step <= batch
         if rows <= limit:
+            fits += 1
             assert step * rows <= limit, (batch, heads, d, nk, step)
             assert -(-batch // step) == -(-batch // (limit // rows)), "not the fewest slices that fit"
+        else:
+            assert step == 1, (batch, heads, d, nk, step)
+    assert (fits > 0) == (limit > 1), f"limit {limit}: {fits} shapes fit, the case misses its branch"
     assert attention_chunk(1024, 1, 96, 64, 0) == 1024
 
 

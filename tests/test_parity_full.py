@@ -125,10 +125,12 @@ def test_mask_input_matches_meta(ours, meta_feats, upstream_meta):
             assert_close(got[key], ref[key], f"{name} mask-input multimask={multimask} {key}")
 
 
-def test_single_mask_path_exercises_both_branches(ours, meta_feats):
-    """The dynamic single-mask answer must be checked where it picks token 0 AND where it falls back."""
+def test_single_mask_path_exercises_both_branches(ours, upstream_meta):
+    """The dynamic single-mask answer equals upstream's ``_dynamic_multimask_via_stability`` on both branches:
+    token 0 kept (its logits scaled x1000: stability ~1) and the fallback to the best candidate (token 0 all
+    zero: area(> delta) = 0, stability 0), besides the decoder's own answers."""
     _, model, feats = ours
-    dec = model.sam_mask_decoder
+    dec, up = model.sam_mask_decoder, upstream_meta.sam_mask_decoder
     picked = set()
     for case in CASES:
         coords = torch.tensor([CASES[case][0]])
@@ -138,11 +140,19 @@ def test_single_mask_path_exercises_both_branches(ours, meta_feats):
             masks, iou, _ = model.decode(
                 feats["image_embed"], feats["feat_s0"], feats["feat_s1"], sparse, model.sam_prompt_encoder.no_mask_dense
             )
-            single, _ = dec.single_mask(masks, iou)
-        picked.add("token0" if torch.equal(single, masks[:, :1]) else "fallback")
-    assert picked, "no case ran"
-    # With perturbed random weights the single-mask token is rarely 'stable'; record what is exercised.
-    assert "fallback" in picked
+            stable, unstable = masks.clone(), masks.clone()
+            stable[:, :1] *= 1000.0
+            unstable[:, :1] = 0.0
+            for variant, m in (("as decoded", masks), ("token 0 stable", stable), ("token 0 unstable", unstable)):
+                single, single_iou = dec.single_mask(m, iou)
+                ref, ref_iou = up._dynamic_multimask_via_stability(m, iou)
+                assert torch.equal(single, ref), f"{case} {variant}: single mask differs from upstream"
+                assert torch.equal(single_iou, ref_iou), f"{case} {variant}: single IoU differs from upstream"
+                branch = "token0" if torch.equal(ref, m[:, :1]) else "fallback"
+                if variant != "as decoded":
+                    assert branch == ("token0" if variant == "token 0 stable" else "fallback"), (case, variant)
+                picked.add(branch)
+    assert picked == {"token0", "fallback"}
 
 
 # ---------------------------------------------------------------- transformers Sam2Model oracle

@@ -167,6 +167,9 @@ def test_head_groups_are_fewest_and_fit():
         assert 1 <= g <= heads
         if rows <= limit:
             assert g * rows <= limit and -(-heads // g) == -(-heads // (limit // rows))
+        else:  # one head does not fit (3, 8, 64, 1): one head per slice, the fewest rows possible
+            assert g == 1, (heads, d, nk, limit, g)
+    assert L.head_chunk(3, 8, 64, 1) == 1 and L.head_chunk(3, 8, 64, 0) == 3
 
 
 # ---------------------------------------------------------------- size from the weights

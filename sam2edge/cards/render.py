@@ -24,6 +24,7 @@ from sam2edge.cards.measured import browser, fidelity_section, gpu_delegate, per
 from sam2edge.cards.precision import precision_section
 from sam2edge.cards.sections import artifacts, conversion, front_matter, header, inputs_outputs
 from sam2edge.cards.video import video_section
+from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
 
 
@@ -61,15 +62,19 @@ def render_bundle(folder: str | Path, search: list[Path] | None = None) -> dict:
     folder = Path(folder)
     card = load_card(folder)
     require_intact(folder, "rendering the card")
-    fid = read_fidelity(folder, card)
-    found = find_bench_records(folder, card, list(search or []))
+    try:  # before anything is written: a field of the wrong type is one line, the bundle untouched
+        fid, found, sweep, text = _gather(folder, card, search)
+    except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(
+            f"{folder}/{CARD} or {FIDELITY} holds a field of the wrong type or shape ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120] if str(e) else 'no detail'}); regenerate them with `sam2edge export` "
+            "and `sam2edge verify`"
+        ) from None
     bench = [rec for _, rec in found]
-    sweep = [(p.relative_to(folder).as_posix(), r) for p, r in find_sweep_records(folder)]
     bench_paths = [(folder / RECORDS_DIR / rec["date"] / src.name) for src, rec in found]
-    records = {"bench": [p.relative_to(folder).as_posix() for p in bench_paths], "sweep": [p for p, _ in sweep]}
-    card["records"], card["fidelity"] = records, fid
     chart = CHART if bench else None
-    text = render_markdown(card, fid, bench, sweep, chart)
     for (src, rec), dst in zip(found, bench_paths):
         if src.resolve() != dst.resolve():
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -81,3 +86,17 @@ def render_bundle(folder: str | Path, search: list[Path] | None = None) -> dict:
         tmp.write_text(text)
     rewrite_metadata(folder, card, checked=True)
     return {"readme": folder / README, "chart": chart, "bench": len(bench), "sweep": len(sweep)}
+
+
+def _gather(folder: Path, card: dict, search: list[Path] | None) -> tuple[dict, list, list, str]:
+    """fidelity, bench records (path, record), sweep records and the card text; sets card ``records`` and
+    ``fidelity``. Raises what a field of the wrong type raises (the caller turns it into one line)."""
+    fid = read_fidelity(folder, card)
+    found = find_bench_records(folder, card, list(search or []))
+    bench = [rec for _, rec in found]
+    sweep = [(p.relative_to(folder).as_posix(), r) for p, r in find_sweep_records(folder)]
+    bench_paths = [(folder / RECORDS_DIR / rec["date"] / src.name) for src, rec in found]
+    records = {"bench": [p.relative_to(folder).as_posix() for p in bench_paths], "sweep": [p for p, _ in sweep]}
+    card["records"], card["fidelity"] = records, fid
+    text = render_markdown(card, fid, bench, sweep, CHART if bench else None)
+    return fid, found, sweep, text

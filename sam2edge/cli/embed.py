@@ -11,6 +11,7 @@ import importlib.util
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
+from sam2edge.validate import check_disjoint, check_int
 
 LOCAL = "local"
 
@@ -49,7 +50,17 @@ def run(args: argparse.Namespace) -> int:
     for module in ("pyarrow",) + (("ray",) if args.ray is not None else ()):
         if importlib.util.find_spec(module) is None:
             raise UserError(f"`sam2edge embed` needs {module}; pip install 'sam2edge[distributed]'")
+    for flag, value in (
+        ("--threads", args.threads),
+        ("--actors", args.actors),
+        ("--cpus-per-actor", args.cpus_per_actor),
+    ):
+        check_int(flag, value, 1)
+    if args.num_cpus is not None:
+        check_int("--num-cpus", args.num_cpus, 1)
+    check_disjoint({"--out": args.out}, tuple(p for p in (args.model,) if p))
     images = list_images(args.images)
+    check_disjoint({"--out": args.out}, tuple(path for _, path in images))
     common = dict(model=args.model, checkpoint=args.checkpoint, config=args.config, progress=not args.quiet)
     if args.ray is None:
         rows = run_local(images, args.out, threads=args.threads, **common)

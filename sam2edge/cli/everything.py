@@ -9,7 +9,7 @@ from pathlib import Path
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
-from sam2edge.validate import check_outputs
+from sam2edge.validate import check_amg_options, check_outputs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,9 +41,7 @@ def _check_outputs(image: Path, out: Path, overlay: Path) -> None:
 
 
 def _generator_kwargs(args: argparse.Namespace) -> dict:
-    if args.points_per_side < 1 or args.points_per_batch < 1 or args.crop_layers < 0:
-        raise UserError("--points-per-side and --points-per-batch must be >= 1, --crop-layers >= 0")
-    return dict(
+    kwargs = dict(
         points_per_side=args.points_per_side,
         points_per_batch=args.points_per_batch,
         pred_iou_thresh=args.pred_iou_thresh,
@@ -54,6 +52,8 @@ def _generator_kwargs(args: argparse.Namespace) -> dict:
         output_mode="coco_rle",
         progress=True,
     )
+    check_amg_options(kwargs)  # the generator's own checks, run before the photo and the model are loaded
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -22,6 +23,8 @@ def _parse(text: str, kind: str, sizes: tuple[int, ...], usage: str) -> tuple[in
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(f"{kind} {text!r} must be {usage}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{kind} {text!r} holds NaN or infinity; pass finite pixel coordinates")
     return int(m.group("frame")), int(m.group("obj") or 1), values
 
 
@@ -64,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from sam2edge.runtime.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
     from sam2edge.runtime.video_io import read_frames, video_fps
     from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.validate import check_disjoint
 
     prompts = list(args.point) + list(args.box)
+    check_disjoint({"--out": args.out, "--overlay": args.overlay}, (args.video,))
     refuse_existing(args.out, args.overlay)
     frames = read_frames(args.video)
     h, w = frames[0].shape[:2]

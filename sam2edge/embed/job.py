@@ -9,6 +9,7 @@ bytes. Nothing here is fatal per image: a bad file becomes an ``error`` row.
 from __future__ import annotations
 
 import io
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -17,9 +18,19 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from sam2edge import __version__
-from sam2edge.embed.store import open_store, write_index
+from sam2edge.embed.store import open_store, prepare_index, write_index
 from sam2edge.errors import UserError
-from sam2edge.runtime.embeddings import embedding_bytes, embedding_path, read_meta, sha256_hex, write_embedding
+from sam2edge.runtime.embeddings import (
+    EmbeddingError,
+    embedding_bytes,
+    embedding_path,
+    file_record,
+    read_embedding,
+    read_index_rows,
+    read_meta,
+    sha256_hex,
+    write_embedding,
+)
 from sam2edge.runtime.preprocess import MAX_PIXELS, preprocess, to_rgb_array
 
 # row status -> meaning (the index's ``status`` column)
@@ -27,6 +38,7 @@ STATUSES = {
     "embedded": "encoded now and written",
     "skipped": "already in the store with the same image bytes and model",
     "error": "could not be read or decoded; ``error`` says why",
+    "re-embedded": "in the store but damaged (size, SHA-256, shapes or NaN); encoded again, ``error`` says why",
 }
 RowCallback = Callable[[dict], None]
 
@@ -65,15 +77,18 @@ class EmbedWorker:
     def __init__(self, predictor, store: str | Path) -> None:
         self.predictor, self.store = predictor, Path(store)
         self.identity = predictor.model_identity()
+        self.index = read_index_rows(self.store) or {}  # checked (or rebuilt) by the job before any work
 
-    def _is_done(self, out: Path, sha: str) -> bool:
+    def _existing(self, name: str, out: Path, sha: str) -> tuple[bool, str]:
+        """-> (reusable, damage): the stored file passes every check of ``read_embedding`` against its
+        index row and holds this image and model; ``damage`` says why a file that is there cannot be used."""
         if not out.is_file():
-            return False
+            return False, ""
         try:
-            meta = read_meta(out)
-        except UserError:
-            return False  # damaged: embed again
-        return meta.get("image_sha256") == sha and meta.get("model") == self.identity
+            meta = read_embedding(out, self.index.get(name)).meta
+        except EmbeddingError as e:
+            return False, str(e).split(";")[0].replace(str(out), out.name)
+        return meta.get("image_sha256") == sha and meta.get("model") == self.identity, ""
 
     def process(self, name: str, path: str, data: bytes | None, read_error: str = "") -> dict:
         """-> index row {name, image, sha256, status, error, height, width, seconds}."""
@@ -84,15 +99,18 @@ class EmbedWorker:
             row["sha256"] = sha = sha256_hex(data)
             out = embedding_path(self.store, name)
             try:
-                if self._is_done(out, sha):
-                    row.update(status="skipped", **self._size(out))
+                done, damage = self._existing(name, out, sha)
+                if done:
+                    row.update(status="skipped", **self._size(out), **file_record(out.read_bytes()))
                 else:
                     rgb = decode_image(data)
                     feats = self.predictor.backend.encode(preprocess(rgb, self.predictor.cfg.image_size).numpy())
                     meta = {"image_sha256": sha, "original_size": list(rgb.shape[:2])}
                     meta.update(model=self.identity, sam2edge=__version__)
-                    write_embedding(out, embedding_bytes(feats, meta))
-                    row.update(status="embedded", height=int(rgb.shape[0]), width=int(rgb.shape[1]))
+                    blob = embedding_bytes(feats, meta)
+                    write_embedding(out, blob)
+                    row.update(status="re-embedded" if damage else "embedded", error=damage, **file_record(blob))
+                    row.update(height=int(rgb.shape[0]), width=int(rgb.shape[1]))
             except ValueError as e:
                 row["error"] = str(e)
         row["seconds"] = time.perf_counter() - t0
@@ -134,6 +152,9 @@ def run_local(
         raise UserError(f"--threads {threads} must be at least 1")
     predictor = load_predictor(model, checkpoint, config)
     store = open_store(store, predictor.model_identity())
+    note = prepare_index(store)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     worker = EmbedWorker(predictor, store)
     rows: list[dict] = []
     before = torch.get_num_threads()
@@ -163,4 +184,7 @@ def summarize(rows: list[dict]) -> str:
     errors = [r for r in rows if r["status"] == "error"]
     if errors:
         line += f" (first error: {errors[0]['image']}: {errors[0]['error']})"
+    redone = [r for r in rows if r["status"] == "re-embedded"]
+    if redone:
+        line += f" (re-embedded damaged: {', '.join(r['name'] for r in redone[:10])}: {redone[0]['error']})"
     return f"{len(rows)} images: {line}"

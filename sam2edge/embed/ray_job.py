@@ -11,10 +11,11 @@ from every node.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path, PurePath
 
 from sam2edge.embed.job import EmbedWorker, RowCallback, load_predictor
-from sam2edge.embed.store import open_store, write_index
+from sam2edge.embed.store import open_store, prepare_index, write_index
 from sam2edge.errors import UserError
 
 
@@ -81,6 +82,9 @@ def run_ray(
         raise UserError("--actors and --cpus-per-actor must be at least 1")
     identity = load_predictor(model, checkpoint, config).model_identity()
     store = open_store(store, identity)
+    note = prepare_index(store)  # before any actor reads it
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     connected = _connect(address, num_cpus)
     paths = {n: str(p) for n, p in images}
     # reading is I/O: 0 CPUs, so the read tasks never wait behind actors that hold every CPU

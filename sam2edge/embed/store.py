@@ -3,7 +3,8 @@
 STORE/
   sam2edge-store.json    marker: {"format", "model"}; a folder without it is never written into
   <name>.safetensors     one stored embedding per image (``sam2edge.runtime.embeddings``)
-  index.parquet          one row per image: name, image, sha256, status, error, height, width, seconds
+  index.parquet          one row per image: name, image, sha256, status, error, height, width, seconds,
+                         file_bytes, file_sha256 (the embedding file's size and SHA-256, checked on read)
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from pathlib import Path
 
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_path
-from sam2edge.runtime.embeddings import describe_model
+from sam2edge.runtime.embeddings import (
+    SUFFIX,
+    EmbeddingError,
+    describe_model,
+    file_record,
+    read_embedding,
+    read_index_rows,
+)
 
 MARKER = "sam2edge-store.json"
 INDEX = "index.parquet"
@@ -31,6 +39,8 @@ INDEX_SCHEMA = {
     "height": "int32",
     "width": "int32",
     "seconds": "float64",
+    "file_bytes": "int64",  # size of <name>.safetensors as written (checked when the file is read)
+    "file_sha256": "string",  # SHA-256 of <name>.safetensors as written (checked when the file is read)
 }
 
 
@@ -84,12 +94,35 @@ def open_store(out: str | Path, identity: dict) -> Path:
     return out
 
 
-def read_index(store: str | Path):
-    """The store's index as a pyarrow Table (None when the store has none yet)."""
-    import pyarrow.parquet as pq
+def read_index(store: str | Path) -> dict[str, dict] | None:
+    """The store's index as {name: row} (None when the store has none yet); EmbeddingError when damaged."""
+    return read_index_rows(store)
 
-    path = Path(store) / INDEX
-    return pq.read_table(path) if path.is_file() else None
+
+def prepare_index(store: str | Path) -> str:
+    """Before any work: keep a readable index, or rebuild a damaged one from the embedding files that pass
+    every check (``read_embedding``); files that fail are left out of it (a run re-embeds their images).
+    -> "" or a one-line note saying what was rebuilt."""
+    try:
+        read_index_rows(store)
+        return ""
+    except EmbeddingError as e:
+        damage = str(e).split(";")[0]
+    rows, left_out = [], []
+    for path in sorted(Path(store).glob(f"*{SUFFIX}")):
+        try:
+            emb = read_embedding(path)
+            data = path.read_bytes()
+        except (EmbeddingError, OSError):
+            left_out.append(path.name)
+            continue
+        h, w = emb.original_size
+        row = {"name": path.stem, "image": "", "sha256": emb.meta.get("image_sha256", ""), "status": "embedded"}
+        rows.append({**row, "error": "", "height": h, "width": w, "seconds": 0.0, **file_record(data)})
+    (Path(store) / INDEX).unlink()
+    write_index(store, rows)
+    skipped = f"; left out damaged {', '.join(left_out[:5])}" if left_out else ""
+    return f"{damage}: rebuilt it from {len(rows)} embedding files{skipped}"
 
 
 def write_index(store: str | Path, rows: list[dict]) -> None:
@@ -98,10 +131,7 @@ def write_index(store: str | Path, rows: list[dict]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    merged = {}
-    old = read_index(store)
-    if old is not None:
-        merged = {r["name"]: r for r in old.to_pylist()}
+    merged = dict(read_index(store) or {})
     merged.update({r["name"]: r for r in rows})
     ordered = [merged[k] for k in sorted(merged)]
     schema = pa.schema([(k, getattr(pa, t)()) for k, t in INDEX_SCHEMA.items()])

@@ -20,6 +20,7 @@ from sam2edge.runtime import amg_utils as amg
 from sam2edge.runtime.backends import Features
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import to_rgb_array
+from sam2edge.validate import check_amg_options
 
 UPSCALE_CHUNK = 16  # candidates upscaled to image size at once (bounds memory on large photos)
 
@@ -93,8 +94,22 @@ class Sam2AutomaticMaskGenerator:
             raise UserError("give exactly one of points_per_side or point_grids")
         if output_mode not in OUTPUT_MODES:
             raise UserError(f"output_mode {output_mode!r} is unknown; use one of {sorted(OUTPUT_MODES)}")
-        if points_per_batch < 1 or (points_per_side is not None and points_per_side < 1):
-            raise UserError("points_per_side and points_per_batch must be at least 1")
+        check_amg_options(
+            dict(
+                points_per_side=points_per_side,
+                points_per_batch=points_per_batch,
+                pred_iou_thresh=pred_iou_thresh,
+                stability_score_thresh=stability_score_thresh,
+                stability_score_offset=stability_score_offset,
+                mask_threshold=mask_threshold,
+                box_nms_thresh=box_nms_thresh,
+                crop_n_layers=crop_n_layers,
+                crop_nms_thresh=crop_nms_thresh,
+                crop_overlap_ratio=crop_overlap_ratio,
+                crop_n_points_downscale_factor=crop_n_points_downscale_factor,
+                min_mask_region_area=min_mask_region_area,
+            )
+        )
         if point_grids is not None and len(point_grids) < crop_n_layers + 1:
             raise UserError(f"point_grids needs one grid per crop layer ({crop_n_layers + 1}), got {len(point_grids)}")
         self.point_grids = (

@@ -37,6 +37,7 @@ FORMAT = "sam2edge-embedding/1"
 SUFFIX = ".safetensors"
 META_KEY = "sam2edge"
 FEATURE_KEYS = ("image_embed", "feat_s0", "feat_s1")
+INDEX_NAME = "index.parquet"  # the store's index (``sam2edge.embed.store``)
 MAX_HEADER_BYTES = 1 << 20  # a real header is ~1 KB; refuse anything absurd before reading it
 
 
@@ -122,19 +123,92 @@ def read_meta(path: str | Path) -> dict:
         raise EmbeddingError(f"{path} is not a sam2edge embedding ({FORMAT}); embed the image again") from None
 
 
-def read_embedding(path: str | Path) -> StoredEmbedding:
-    """Read one stored embedding (tensors + metadata) or raise EmbeddingError with a one-line reason."""
-    from safetensors.numpy import load_file
+def read_embedding(path: str | Path, record: dict | None = None) -> StoredEmbedding:
+    """Read one stored embedding (tensors + metadata) or raise EmbeddingError with a one-line reason.
+
+    Checked: the file's size and SHA-256 against ``record`` (its index row, when given), the tensors'
+    shapes against each other (``consistent_shapes``) and their finiteness (an all-NaN embedding gives
+    ``score: nan`` masks), and ``original_size`` (two positive integers)."""
+    from safetensors.numpy import load
 
     meta = read_meta(path)
     try:
-        arrays = load_file(str(path))
+        data = Path(path).read_bytes()
+        check_record(path, data, record)
+        arrays = load(data)
         feats = Features(*(np.ascontiguousarray(arrays[k], dtype=np.float32) for k in FEATURE_KEYS))
         h, w = (int(v) for v in meta["original_size"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if h < 1 or w < 1:
+            raise ValueError(f"original_size {h}x{w} is empty")
+    except EmbeddingError:
+        raise
+    except Exception as e:  # safetensors raises its own SafetensorError for a cut file
         reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
         raise EmbeddingError(f"{path} is damaged ({reason}); embed the image again") from None
+    consistent_shapes(feats, path)
+    for k in FEATURE_KEYS:
+        if not np.isfinite(getattr(feats, k)).all():
+            raise EmbeddingError(f"{path}: {k} holds NaN or infinity; embed the image again")
     return StoredEmbedding(feats, (h, w), meta)
+
+
+def file_record(data: bytes) -> dict:
+    """The index columns that pin one embedding file: ``file_bytes`` (size) and ``file_sha256``."""
+    return {"file_bytes": len(data), "file_sha256": sha256_hex(data)}
+
+
+def check_record(path: str | Path, data: bytes, record: dict | None) -> None:
+    """Refuse file bytes whose size or SHA-256 differ from the index row (columns absent: nothing to check)."""
+    if not record or record.get("file_sha256") in (None, ""):
+        return
+    if len(data) != record.get("file_bytes"):
+        raise EmbeddingError(
+            f"{path} is {len(data)} bytes, the index says {record.get('file_bytes')} (cut or replaced); "
+            "embed the image again"
+        )
+    if sha256_hex(data) != record["file_sha256"]:
+        raise EmbeddingError(f"{path} does not match the SHA-256 in the index (damaged); embed the image again")
+
+
+def consistent_shapes(features: Features, where: str | Path) -> None:
+    """The three tensors fit one model: image_embed 1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e."""
+    emb = features.image_embed.shape
+    if len(emb) != 4 or emb[0] != 1 or emb[2] != emb[3] or emb[1] % 8 or min(emb) < 1:
+        raise EmbeddingError(f"{where}: image_embed is {tuple(emb)}, not 1xCxexe; embed the image again")
+    c, e = emb[1], emb[2]
+    for k, shape in (("feat_s0", (1, c // 8, 4 * e, 4 * e)), ("feat_s1", (1, c // 4, 2 * e, 2 * e))):
+        got = tuple(getattr(features, k).shape)
+        if got != shape:
+            raise EmbeddingError(f"{where}: {k} is {got}, image_embed needs {shape}; embed the image again")
+
+
+def read_index_rows(store: str | Path) -> dict[str, dict] | None:
+    """STORE/index.parquet as {name: row} (None when absent), or EmbeddingError when it cannot be parsed."""
+    path = Path(store) / INDEX_NAME
+    if not path.is_file():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+        return {str(r["name"]): r for r in rows}
+    except ImportError:
+        raise EmbeddingError("reading a store's index needs pyarrow; pip install 'sam2edge[distributed]'") from None
+    except Exception as e:  # pyarrow's ArrowInvalid and OSError for a cut or foreign file
+        reason = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+        raise EmbeddingError(
+            f"{path} is damaged ({reason}); run `sam2edge embed` on the same images and --out to rebuild it"
+        ) from None
+
+
+def read_stored(store: str | Path, name: str) -> StoredEmbedding:
+    """``STORE/<name>.safetensors`` checked against its index row (size, SHA-256) and in itself."""
+    path = embedding_path(store, name)
+    rows = read_index_rows(store)
+    record = rows.get(name) if rows else None
+    if rows is not None and record is None and path.is_file():
+        raise EmbeddingError(f"{path} is not in the store's index; run `sam2edge embed` on the image again")
+    return read_embedding(path, record)
 
 
 def check_shapes(features: Features, cfg: Sam2Config, where: str) -> None:
@@ -147,6 +221,9 @@ def check_shapes(features: Features, cfg: Sam2Config, where: str) -> None:
             raise EmbeddingError(
                 f"{where}: {k} is {got}, this model needs {shape}; embed with the same model and resolution"
             )
+    for k in FEATURE_KEYS:
+        if not np.isfinite(np.asarray(getattr(features, k))).all():
+            raise EmbeddingError(f"{where}: {k} holds NaN or infinity; encode the image again")
 
 
 def embedding_path(store: str | Path, name: str) -> Path:

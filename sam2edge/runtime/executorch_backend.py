@@ -130,6 +130,10 @@ class ExecuTorchBackend:
         decoder = DECODER_CPU_FILE if given else DECODER_FILE
         backend = cls(Path(folder), cfg, points, roles.get("decoder-batched"), decoder)
         backend.check_shapes(folder)
+        opened = {ENCODER_FILE, decoder, roles.get("decoder-batched")} | ({DECODER_PREP_FILE} if given else set())
+        for name in sorted({a["file"] for a in card["artifacts"]} - opened):  # shipped but not run here
+            if name.endswith(".pte"):  # e.g. decoder.pte beside the CPU pair: parsed so a damaged one is named
+                load_method(Path(folder) / name, "re-run `sam2edge export --target executorch`")
         return backend
 
     def check_shapes(self, folder: str | Path) -> None:

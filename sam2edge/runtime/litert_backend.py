@@ -111,6 +111,14 @@ def _interpreter(path: Path, num_threads: int):
         raise UserError(f"LiteRT cannot load {path} ({reason}); the file is corrupt, re-run the export") from None
 
 
+def check_unused_graphs(folder: Path, listed: set[str], loaded: set[str]) -> None:
+    """Parse every .tflite the card lists that the CPU runtime does not run (``decoder.tflite``, the GPU
+    program, when the CPU decoder is present): LiteRT must load it and build its signature, else one line
+    naming the file. A phone's GPU delegate would otherwise be the first to find a damaged program."""
+    for name in sorted(f for f in listed - loaded if f.endswith(".tflite")):
+        _interpreter(folder / name, 1)
+
+
 class LiteRTBackend:
     """encoder.tflite + decoder.tflite + mask_encoder.tflite + host tables, on the LiteRT CPU runtime."""
 
@@ -157,7 +165,14 @@ class LiteRTBackend:
         decoder = DECODER_CPU_FILE if DECODER_CPU_FILE in listed else DECODER_FILE
         backend = cls(folder, cfg, k, threads, decoder, batched)
         backend.check_shapes()
+        check_unused_graphs(folder, listed, backend.loaded_files())
         return backend
+
+    def loaded_files(self) -> set[str]:
+        """The .tflite files this backend opened (the CPU runtime's graphs)."""
+        files = {ENCODER_FILE, self.decoder_file, MASK_ENCODER_FILE}
+        files |= {DECODER_PREP_FILE} if self._prep is not None else set()
+        return files | ({self.batched_file} if self.batched_file else set())
 
     def check_shapes(self) -> None:
         """card.json's resolution and token count must be the graphs' (one line naming both when not)."""

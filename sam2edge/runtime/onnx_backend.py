@@ -198,6 +198,10 @@ class OnnxBackend:
                 "images; re-run `sam2edge export --target onnx`"
             )
         batched = by_role.get("decoder-batched")  # listed, so its size and SHA-256 were checked
+        opened = {p.name for p in paths} | ({batched["file"]} if batched else set())
+        for name in sorted({a["file"] for a in card["artifacts"]} - opened):  # shipped, not run on this CPU
+            if name.endswith(".onnx"):  # e.g. the other encoder (VNNI / portable): a damaged one is named now
+                make_session(folder / name, None, 1, optimize=False)
         return backend.attach_batched(folder / batched["file"]) if batched else backend
 
     def encode(self, image: np.ndarray) -> Features:

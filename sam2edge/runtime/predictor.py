@@ -149,10 +149,10 @@ class Sam2Predictor:
 
         Refuses (EmbeddingError, one line) an embedding of another model, or of other image bytes when
         ``image_sha256`` (SHA-256 of the image file) is given."""
-        from sam2edge.runtime.embeddings import EmbeddingError, describe_model, embedding_path, read_embedding
+        from sam2edge.runtime.embeddings import EmbeddingError, describe_model, embedding_path, read_stored
 
         path = embedding_path(store, name)
-        stored = read_embedding(path)
+        stored = read_stored(store, name)  # size and SHA-256 against the index, shapes, finiteness
         mine, theirs = self.model_identity(), stored.meta.get("model", {})
         if theirs != mine:
             raise EmbeddingError(

@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from sam2edge.errors import UserError
+from sam2edge.validate import check_frames
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
 VIDEO_SUFFIXES = (".mp4", ".MP4", ".webm", ".mov", ".MOV", ".mkv", ".avi", ".m4v")
@@ -66,26 +67,43 @@ def decode_frames(path: Path) -> Iterator[np.ndarray]:
 def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
     """All frames of a JPEG folder, a video file, or a list of HxWx3 uint8 arrays / PIL images."""
     if not isinstance(video, (str, Path)):
-        frames = [np.asarray(f.convert("RGB") if isinstance(f, Image.Image) else f) for f in video]
-        bad = [i for i, f in enumerate(frames) if f.ndim != 3 or f.shape[2] != 3 or f.dtype != np.uint8]
-        if bad:
-            raise VideoError(f"frame {bad[0]} is not an HxWx3 uint8 RGB array; pass uint8 RGB frames")
+        try:
+            frames = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else f for f in video]
+        except TypeError:
+            raise VideoError(f"video is a {type(video).__name__}; pass a path or a list of frames") from None
+        return check_frames(frames)
     else:
         path = Path(video)
         if path.is_dir():
-            frames = []
-            for p in jpeg_frame_paths(path):
-                with Image.open(p) as im:
-                    frames.append(np.asarray(im.convert("RGB")))
+            frames = [_read_jpeg(p) for p in jpeg_frame_paths(path)]
         elif path.is_file():
             frames = list(decode_frames(path))
         else:
             raise VideoError(f"video {path} does not exist; pass a JPEG folder or an .mp4/.webm/.mov file")
     if not frames:
         raise VideoError(f"{video} holds no frames; pass a video with at least one frame")
-    if len({f.shape for f in frames}) > 1:
-        raise VideoError("frames differ in size; pass frames of one size")
-    return frames
+    names = jpeg_frame_paths(Path(video)) if Path(video).is_dir() else None
+    for i, f in enumerate(frames):
+        if f.shape != frames[0].shape:
+            where = f"{names[i]}" if names else f"{video} frame {i}"
+            h, w = frames[0].shape[:2]
+            raise VideoError(f"{where} is {f.shape[1]}x{f.shape[0]}, the first frame {w}x{h}; pass frames of one size")
+    return check_frames(frames)
+
+
+def _read_jpeg(path: Path) -> np.ndarray:
+    """One JPEG frame -> HxWx3 uint8 RGB, or VideoError naming the file (truncated, not a JPEG, unreadable)."""
+    from PIL import UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return np.asarray(im.convert("RGB"))
+    except UnidentifiedImageError:
+        raise VideoError(f"frame {path} is not an image PIL can read; replace or remove it") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        reason = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+        raise VideoError(f"frame {path} cannot be decoded ({reason}); replace or remove it") from None
 
 
 def video_fps(video: str | Path) -> float:

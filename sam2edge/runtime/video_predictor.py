@@ -25,6 +25,7 @@ from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
 from sam2edge.runtime.video_io import read_frames
+from sam2edge.validate import check_index, check_int, check_mask_2d, check_propagation, check_video_prompt
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -121,8 +122,7 @@ class Sam2VideoPredictor:
         return idx
 
     def _check_frame(self, state: VideoState, frame_idx: int) -> None:
-        if not 0 <= frame_idx < state.num_frames:
-            raise TrackingError(f"frame {frame_idx} is out of range; the video has frames 0..{state.num_frames - 1}")
+        check_index("frame_idx", frame_idx, state.num_frames)
 
     # ---- prompts ------------------------------------------------------------------------
     def add_new_points_or_box(
@@ -138,7 +138,7 @@ class Sam2VideoPredictor:
     ):
         """Points (Nx2, labels 1 fg / 0 bg) and/or a box on one frame -> (frame_idx, obj_ids, masks)."""
         state = inference_state
-        self._check_frame(state, frame_idx)
+        frame_idx, points, labels, box = check_video_prompt(frame_idx, state.num_frames, obj_id, points, labels, box)
         coords, labs = self._prompt_points(state, points, labels, box, clear_old_points, normalize_coords)
         idx = self._obj_idx(state, obj_id)
         if not clear_old_points and frame_idx in state.points[idx]:
@@ -154,8 +154,8 @@ class Sam2VideoPredictor:
     def add_new_mask(self, inference_state: VideoState, frame_idx: int, obj_id: int, mask):
         """A binary HxW mask on one frame (used as that frame's output, as upstream)."""
         state = inference_state
-        self._check_frame(state, frame_idx)
-        m = torch.as_tensor(np.asarray(mask), dtype=torch.bool)
+        frame_idx, _ = check_index("frame_idx", frame_idx, state.num_frames), check_int("obj_id", obj_id)
+        m = torch.as_tensor(check_mask_2d("mask", mask))
         if m.dim() != 2:
             raise TrackingError(f"mask must be 2-D (H, W), got shape {tuple(m.shape)}")
         s = self.image_size
@@ -272,7 +272,7 @@ class Sam2VideoPredictor:
         n = state.num_frames
         if start_frame_idx is None:
             start_frame_idx = min(t for m in state.memory.values() for t in m.cond)
-        self._check_frame(state, start_frame_idx)
+        start_frame_idx = check_propagation(start_frame_idx, max_frame_num_to_track, n)
         span = n if max_frame_num_to_track is None else max_frame_num_to_track
         if reverse:
             end = max(start_frame_idx - span, 0)

@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from sam2edge.errors import UserError
 from sam2edge.runtime.video_io import VideoError, decode_frames, video_fps
 from sam2edge.runtime.video_predictor import Sam2VideoPredictor, VideoState
 from sam2edge.serve.web import HttpError
+from sam2edge.validate import InputError, parse_index
 
 FEATURES = ("vision", "feat_s0", "feat_s1")
 
@@ -59,7 +61,10 @@ class Clips:
     def add(self, session: str, data: bytes, max_pixels: int) -> tuple[str, Clip]:
         """Decode ``data`` (a video file) -> (fresh id, clip), or HttpError naming the problem and the fix."""
         frames, fps = self._decode(data, max_pixels)
-        state = self.predictor.init_state(frames)
+        try:
+            state = self.predictor.init_state(frames)
+        except UserError as e:  # e.g. a 0x0 frame
+            raise HttpError(400, str(e).splitlines()[0][:200]) from None
         jpegs = [_jpeg(f) for f in frames]
         clip_id = secrets.token_urlsafe(16)
         with self._lock:
@@ -105,9 +110,12 @@ class Clips:
 
     def frame_index(self, clip: Clip, text: str) -> int:
         n = clip.state.num_frames
-        if not text.isdigit() or int(text) >= n:
-            raise HttpError(404, f"no frame {text[:20]!r}; the video has frames 0..{n - 1}")
-        return int(text)
+        if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes '١' and '²'
+            raise HttpError(400, f"frame {text[:20]!r} is not a frame number; write it in digits 0-9")
+        try:
+            return parse_index("frame", text, n)
+        except InputError:
+            raise HttpError(404, f"no frame {text[:20]!r}; the video has frames 0..{n - 1}") from None
 
     def features(self, clip: Clip, index: int) -> bytes:
         """Frame ``index`` through the bundle's frame encoder: vision | feat_s0 | feat_s1 as float32 LE bytes."""

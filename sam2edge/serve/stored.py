@@ -18,7 +18,8 @@ from sam2edge.runtime.embeddings import (
     describe_model,
     embedding_path,
     model_identity,
-    read_embedding,
+    read_index_rows,
+    read_stored,
     sha256_hex,
 )
 from sam2edge.runtime.preprocess import load_image
@@ -32,19 +33,27 @@ class StoredImages:
 
     def __init__(self, store: str | Path, backend: Backend, provenance: dict) -> None:
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet  # noqa: F401  (read_index_rows reads the index with it)
         except ImportError:
             raise UserError("serve --embeddings needs pyarrow; pip install 'sam2edge[distributed]'") from None
 
         self.store = Path(store)
-        index = self.store / "index.parquet"
-        if not index.is_file():
+        rows = read_index_rows(self.store)  # EmbeddingError (one line) when damaged
+        if rows is None:
             raise UserError(f"{store} has no index.parquet; pass a store written by `sam2edge embed`")
-        rows = pq.read_table(index, columns=["name", "image", "status"]).to_pylist()
-        self.images = {r["name"]: r["image"] for r in rows if r["status"] in ("embedded", "skipped")}
+        ok = ("embedded", "skipped", "re-embedded")
+        self.images = {n: r["image"] for n, r in rows.items() if r.get("status") in ok and r.get("image")}
+        for name in sorted(self.images):  # a cut or missing file is refused before serving (size: a stat)
+            path, want = embedding_path(self.store, name), rows[name].get("file_bytes")
+            size = path.stat().st_size if path.is_file() else None
+            if size is None or (want is not None and size != want):
+                raise UserError(
+                    f"{path} is {'missing' if size is None else f'{size} bytes, the index says {want}'}; "
+                    "run `sam2edge embed` on the same images and --out to repair the store"
+                )
         self.identity = model_identity(provenance, backend.cfg, backend.name)
         if self.images:
-            first = read_embedding(embedding_path(self.store, next(iter(sorted(self.images))))).meta.get("model")
+            first = read_stored(self.store, next(iter(sorted(self.images)))).meta.get("model")
             if first != self.identity:
                 raise UserError(
                     f"{store} holds embeddings of {describe_model(first or {})}, but the server runs "
@@ -60,7 +69,7 @@ class StoredImages:
             raise HttpError(404, f"no stored image {name[:60]!r} in the store; pick one from the list")
         path = Path(self.images[name])
         try:
-            stored = read_embedding(embedding_path(self.store, name))
+            stored = read_stored(self.store, name)
             data = path.read_bytes()
         except (EmbeddingError, OSError) as e:
             raise HttpError(404, f"stored image {name[:60]!r} cannot be opened ({str(e)[:120]})") from None
