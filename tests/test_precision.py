@@ -1,0 +1,137 @@
+"""fp16 storage with fp32 compute (ONNX ``fp16_storage``, ExecuTorch ``Fp16Storage``) and the robustness set.
+
+Fast: on a small module, each target's fp16 file holds fp16 weights and computes exactly what fp32 arithmetic on
+fp16-rounded weights computes (the emulation ``export.precision.fp16_weights`` that the fidelity tests run), and
+not the fp32 model's answer (so the check can fail). Slow: the robustness set (``scripts/robustness_set.py``) is
+deterministic, and every target's fp16 emulation holds the fp16 bars on each of its 5 checkpoints at full size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from sam2edge.checks.fidelity.bars import BARS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.norm, self.fc2 = nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 32)
+        self.conv = nn.Conv2d(3, 64, 1)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 0.01)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 3, 4, 4) -> (1, 16, 32)
+        t = self.conv(x).flatten(2).transpose(1, 2)  # (1, 16, 64)
+        return self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(t))))
+
+
+def _rounded(m: nn.Module, keep=lambda name: False) -> nn.Module:
+    import copy
+
+    out = copy.deepcopy(m)
+    with torch.no_grad():
+        for n, p in out.named_parameters():
+            if not keep(n):
+                p.copy_(p.half().float())
+    return out
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(1)) * 2
+
+
+def test_onnx_fp16_storage_is_fp32_compute_on_rounded_weights(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from sam2edge.export.onnx import FP16_MIN_ELEMENTS, fp16_storage
+
+    m, x = _Small().eval(), _x()
+    raw = tmp_path / "raw.onnx"
+    torch.onnx.export(m, (x,), str(raw), dynamo=False, opset_version=17, input_names=["x"], output_names=["y"])
+    census = fp16_storage(raw, tmp_path / "half.onnx")
+    model = onnx.load(str(tmp_path / "half.onnx"))
+    big = [i for i in model.graph.initializer if int(np.prod(i.dims)) >= FP16_MIN_ELEMENTS]
+    assert big and all(i.data_type == onnx.TensorProto.FLOAT16 for i in big) and census["fp16"] == len(big)
+    assert (tmp_path / "half.onnx").stat().st_size < 0.6 * raw.stat().st_size
+    y = ort.InferenceSession(str(tmp_path / "half.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()}
+    )
+    with torch.no_grad():
+        small = {n for n, p in m.named_parameters() if p.numel() < FP16_MIN_ELEMENTS}
+        want, fp32 = _rounded(m, lambda n: n in small)(x).numpy(), m(x).numpy()
+    np.testing.assert_allclose(y[0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want - fp32).max() > 1e-4  # the rounding is visible: the comparison above can fail
+
+
+def test_executorch_fp16_storage_holds_fp16_weights_and_computes_fp32():
+    from sam2edge.export.executorch_graphs import Fp16Storage
+
+    m, x = _Small().eval(), _x()
+    s = Fp16Storage(m).eval()
+    dtypes = {n: p.dtype for n, p in s.graph.named_parameters()}
+    assert dtypes["fc1.weight"] == torch.float16 and dtypes["norm.bias"] == torch.float16
+    assert dtypes["conv.weight"] == torch.float32  # convolutions keep fp32 weights (XNNPACK serializes fp32)
+    with torch.no_grad():
+        y, want = s(x), _rounded(m, lambda n: n.startswith("conv."))(x)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    assert (m(x) - want).abs().max() > 1e-4
+
+
+def _robustness_module():
+    spec = importlib.util.spec_from_file_location("robustness_set", ROOT / "scripts" / "robustness_set.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def robustness_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("robustness_set")
+    return _robustness_module().write_set(folder)
+
+
+@pytest.mark.slow
+def test_robustness_set_is_deterministic(robustness_set, tmp_path):
+    rs = _robustness_module()
+    again = rs.write_set(tmp_path, ["upstream-s1-perturbed", "upstream-s4-outliers"])
+    for name, path in again.items():
+        a, b = (hashlib.sha256(p.read_bytes()).hexdigest() for p in (path, robustness_set[name]))
+        assert a == b, name
+    assert len(robustness_set) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])
+def test_fp16_emulation_holds_on_the_robustness_set(robustness_set, target):
+    """Each target's fp16 arithmetic (fp16-stored encoder weights, fp32 compute and decoder) at full size,
+    40 clicks vs eager fp32 with upstream's operations, on every checkpoint of the set."""
+    from sam2edge.checks.fidelity import click_set, end_to_end
+    from sam2edge.config import HIERA_TINY
+    from sam2edge.export.precision import emulated_pair
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+    from sam2edge.weights import load_weights
+
+    clicks, bad = click_set(40), []
+    for name, path in robustness_set.items():
+        sd = load_weights(str(path), HIERA_TINY)[0]
+        ref = Sam2Predictor(EagerBackend.from_state_dict(sd, HIERA_TINY, UPSTREAM))
+        r = end_to_end(ref, Sam2Predictor(emulated_pair(sd, HIERA_TINY, target)[1]), clicks)
+        if not (r["iou_worst"] >= BARS["fp16"]["min_iou_worst"] and r["iou_median"] >= BARS["fp16"]["min_iou_median"]):
+            bad.append((name, r["iou_worst"], r["iou_median"]))
+    assert not bad, (target, bad)
