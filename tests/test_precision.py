@@ -135,3 +135,27 @@ def test_fp16_emulation_holds_on_the_robustness_set(robustness_set, target):
         if not (r["iou_worst"] >= BARS["fp16"]["min_iou_worst"] and r["iou_median"] >= BARS["fp16"]["min_iou_median"]):
             bad.append((name, r["iou_worst"], r["iou_median"]))
     assert not bad, (target, bad)
+
+
+def test_int8_fake_quant_matches_the_dynamic_schemes():
+    from sam2edge.export.int8_sensitivity import fake_quant_activation, fake_quant_weight, int8_layers
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 64, generator=g) * torch.linspace(0.1, 3, 8)[:, None]
+    q = fake_quant_weight(w)
+    step = w.abs().amax(1, keepdim=True) / 127
+    assert torch.all((q - w).abs() <= step / 2 + 1e-6) and torch.allclose(q / step, torch.round(q / step), atol=1e-4)
+    x = torch.randn(16, 64, generator=g)
+    x[:, 3] *= 50  # an outlier channel: one per-tensor range for every token loses the others' resolution
+    err = {k: float((fake_quant_activation(x, k) - x)[:, 4:].abs().mean()) for k in ("per_token", "per_tensor")}
+    assert err["per_token"] <= err["per_tensor"] and err["per_tensor"] > 0
+    model = nn.Sequential()
+    model.add_module("image_encoder", nn.Sequential(nn.Linear(64, 32)))
+    layers = int8_layers(model, "per_tensor")
+    assert list(layers) == ["image_encoder.0"]
+    with torch.no_grad():
+        y8 = model(x)
+        layers["image_encoder.0"].int8_enabled = False
+        y32 = model(x)
+    torch.testing.assert_close(y32, torch.nn.functional.linear(x, layers["image_encoder.0"].weight, model[0][0].bias))
+    assert (y8 - y32).abs().max() > 1e-3
