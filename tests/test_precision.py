@@ -159,3 +159,30 @@ def test_int8_fake_quant_matches_the_dynamic_schemes():
         y32 = model(x)
     torch.testing.assert_close(y32, torch.nn.functional.linear(x, layers["image_encoder.0"].weight, model[0][0].bias))
     assert (y8 - y32).abs().max() > 1e-3
+
+
+def test_smoothing_is_the_same_function_in_fp32():
+    """SmoothQuant-style scaling (``export.smooth``) moves range between a LayerNorm and its Linear readers:
+    the encoder's outputs are unchanged in fp32 while the norms' output ranges shrink."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export.smooth import calibrate, smoothed
+    from sam2edge.model import Rewrites, build_sam2
+
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
+    sd["image_encoder.trunk.blocks.1.norm2.weight"][3] *= 20  # an outlier channel
+    new, report = smoothed(sd, TEST_SMALL, Rewrites())
+    assert report and max(r["max_scale"] for r in report.values()) > 1
+    x = torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(0))
+    models = []
+    for s in (sd, new):
+        m = build_sam2(TEST_SMALL, Rewrites())
+        m.load_state_dict(s)
+        models.append(m.eval())
+    with torch.no_grad():
+        for a, b in zip(models[0].encode_image(x), models[1].encode_image(x), strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+    before, after = (calibrate(m, TEST_SMALL, ("horse.png",)) for m in models)
+    key = "blocks.1.norm2"
+    ratio = [float(d[key].max() / d[key].median()) for d in (before, after)]
+    assert ratio[1] < ratio[0], ratio

@@ -67,6 +67,14 @@ def int8_layers(model: nn.Module, granularity: str) -> dict[str, nn.Linear]:
     return out
 
 
+def fused_qkv(rewrites):
+    """``rewrites`` with the fused qkv Linear (the "split" form multiplies by derived copies the fake
+    quantisation would miss; per output channel and per token, both forms quantise identically)."""
+    from dataclasses import replace
+
+    return replace(rewrites, qkv="fused")
+
+
 @dataclass(frozen=True)
 class LayerRow:
     layer: str  # module name
@@ -92,7 +100,7 @@ def sweep(sd: dict, cfg: Sam2Config, target: str, clicks: int = 10, bar: float =
     fp32 = build_sam2(cfg, EMULATIONS[target].rewrites)
     fp32.load_state_dict(sd)
     fp32.eval()
-    quant = build_sam2(cfg, EMULATIONS[target].rewrites)
+    quant = build_sam2(cfg, fused_qkv(EMULATIONS[target].rewrites))
     quant.load_state_dict(sd)
     quant.eval()
     layers = int8_layers(quant, ACTIVATIONS[target])
