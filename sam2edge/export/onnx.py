@@ -332,9 +332,10 @@ def optimization_check(job) -> dict:
 def _model(sd: dict, cfg: Sam2Config, precision: str, rewrites: Rewrites) -> Sam2ImageModel:
     """The export's model; int8: the encoder smoothed (``export.smooth``, exact in fp32) because
     ``DynamicQuantizeLinear`` gives a whole tensor one activation range, which a few outlier channels widen.
-    Measured with real ONNX int8 exports (test-small, the export's own 40-click fidelity, benchmarks/int8_smoothing.py): with
-    two LayerNorm channels x10 per block (synthetic:1 + outliers) worst / median 0.92282 / 0.95997 without ->
-    0.94796 / 0.97681 with it (still under the bar); synthetic:2 0.98606 / 0.99496 -> 0.97859 / 0.99650."""
+    Measured with real ONNX int8 exports (test-small, the export's own 40-click fidelity,
+    benchmarks/int8_smoothing.py): with two LayerNorm channels x10 per block (synthetic:1:outliers) worst /
+    median 0.92282 / 0.95997 without -> 0.94796 / 0.97681 with it (still under the bar); synthetic:2
+    0.98606 / 0.99496 -> 0.97859 / 0.99650."""
     from sam2edge.model import build_sam2
 
     if precision == "int8":
