@@ -80,8 +80,9 @@ REWRITTEN = {
 }
 
 
-# Measured (issue 15, test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations)
-# with the emulated graphs of ``EMULATIONS`` (the CI test's computation); checkpoint -> (worst, median)
+# Measured (test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations); checkpoint
+# -> (worst, median). litert: fp16 weights, fp32 arithmetic (today's form of every target); onnx and executorch:
+# their former fp16-arithmetic encoders (``fp16_compute``), before they moved to fp16 storage with fp32 compute
 FP16_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
     "litert": {  # fp32 decoder weights (session 15; notes/issue-19.md)
         "synthetic:3": (0.9982, 0.9997),
