@@ -4,9 +4,10 @@ Three random checkpoints (two other seeds and a range-stressed one, see ``sam2ed
 compared end to end with eager fp32 with upstream's operations over the 40 clicks on real photos:
 fp16 worst IoU >= 0.99 and median >= 0.999, int8 worst >= 0.95.
 CI (TEST_SMALL): each target's graphs with its reduced-precision arithmetic run in eager
-(``sam2edge.export.precision``: fp16 compute for ExecuTorch / ONNX, fp16 weights for LiteRT, the quantizer's
-int8 ops for ExecuTorch int8). Slow: the same checkpoints through each target's real converter and runtime
-(litert-torch fp16 recipe, ONNX fp16 under onnxruntime, ExecuTorch XNNPACK fp16 / dynamic int8), at
+(``sam2edge.export.precision``: fp16 weights with fp32 compute for every target, the quantizer's int8 ops for
+ExecuTorch int8). Slow: the same checkpoints through each target's real converter and runtime
+(litert-torch fp16 recipe, ONNX fp16 initializers under onnxruntime, ExecuTorch fp16-stored parameters /
+dynamic int8), at
 TEST_SMALL and at full size. Also: the LayerNorm rewrite is the same function as upstream's in fp32 and finite
 in fp16 at any scale, and the localization tool names the op that overflowed before the fix.
 """

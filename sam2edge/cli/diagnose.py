@@ -6,6 +6,11 @@ fp32 (relative, max-abs, inf/NaN, reference values beyond fp16's +-65504) and pe
 error of that op computed in fp16: the first place the error jumps names the layer, op and tensor.
 A bundle folder gives target, config, resolution and checkpoint from its card.json.
 Exit 0 when the emulation meets the fp16 bar (worst >= 0.99, median >= 0.999), 1 when not, 2 on bad input.
+
+``--int8``: the int8 sensitivity sweep instead (``export.int8_sensitivity``): the target's dynamic int8 encoder
+emulated in eager, its end-to-end mask IoU and the clicks under the int8 bar (photo, prompt kind), then every
+encoder Linear ranked by the worst IoU reached with that layer alone kept fp32. Exit 0 when the all-int8 encoder
+meets the int8 bar (worst >= 0.95), 1 when not.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--clicks", type=int, default=40, help="prompts on real photos (default 40)")
     p.add_argument("--top", type=int, default=8, help="ops listed per stage (default 8)")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="rank the encoder's Linear layers by their effect on the int8 mask IoU (sensitivity sweep); "
+        "use a reduced --clicks (default 40: one pass per layer)",
+    )
     p.add_argument("--json", dest="json_out", help="also write the full report (every module) to this JSON file")
 
 
@@ -94,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out and Path(args.json_out).exists():
         raise UserError(f"{args.json_out} exists; choose a new --json path (nothing is overwritten)")
     target, cfg, sd = _resolve(args)
+    if args.int8:
+        return _run_int8(args, target, cfg, sd)
     report = diagnose(sd, cfg, target, args.clicks, args.top)
     w = report["worst_click"]
     print(
@@ -107,9 +120,39 @@ def run(args: argparse.Namespace) -> int:
     )
     _print_stage("encoder", report["encoder"])
     _print_stage("decoder", report["decoder"])
+    _write_json(args, report)
+    return 0 if report["iou_worst"] >= IOU_WORST and report["iou_median"] >= IOU_MEDIAN else 1
+
+
+INT8_WORST = 0.95
+
+
+def _write_json(args: argparse.Namespace, report: dict) -> None:
     if args.json_out:
         from sam2edge.io import atomic_path
 
         with atomic_path(Path(args.json_out)) as tmp:
             Path(tmp).write_text(json.dumps(report, indent=1))
-    return 0 if report["iou_worst"] >= IOU_WORST and report["iou_median"] >= IOU_MEDIAN else 1
+
+
+def _run_int8(args: argparse.Namespace, target: str, cfg, sd: dict) -> int:
+    from sam2edge.export.int8_sensitivity import sweep
+
+    r = sweep(sd, cfg, target, args.clicks, INT8_WORST)
+    print(
+        f"{target} int8 emulation (encoder Linears: int8 weights per channel, activations {r['activations']}; "
+        f"fp32 decoder), {cfg.image_size}px: mask IoU vs fp32 over {r['clicks']} clicks: median "
+        f"{r['iou_median']:.5f}, worst {r['iou_worst']:.5f}"
+    )
+    for c in r["failed_clicks"]:
+        print(f"  under {INT8_WORST}: click {c['index']} ({c['kind']} on {c['photo']}): IoU {c['iou']:.5f}")
+    print(f"encoder Linear layers ({r['layers']}) ranked by the worst IoU with that layer alone kept fp32:")
+    for row in r["ranking"][: args.top]:
+        print(f"  {row['layer']:<48} worst {row['iou_worst']:.5f}  mean {row['iou_mean']:.5f}")
+    if r["iou_worst"] < INT8_WORST and r["ranking"]:
+        print(
+            f"try: keep {r['ranking'][0]['layer']} (and the next ones) in fp32, or export at --precision fp16 "
+            "(fp16 weights, fp32 arithmetic)"
+        )
+    _write_json(args, r)
+    return 0 if r["iou_worst"] >= INT8_WORST else 1

@@ -21,6 +21,14 @@ _DECODER_FP16_WEIGHTS = (
     "decoder's weights fp32 the emulation holds: seed 0 median 0.99906, seed 1 worst 0.99258 and median 0.99943"
 )
 _IO = "fp32 inputs and outputs, cast at the graph edges"
+# why the ONNX and ExecuTorch fp16 encoders compute in fp32 on fp16-stored weights (export.onnx.fp16_storage,
+# export.executorch_graphs.Fp16Storage) instead of in fp16
+_FP16_STORAGE = (
+    "fp16 weights, fp32 arithmetic: the error is weight rounding only. Full-size Hiera-Tiny, 40 clicks vs eager fp32, "
+    "robustness-set checkpoint upstream-s1-perturbed (scripts/robustness_set.py): fp16-rounded encoder weights with "
+    "fp32 arithmetic gave worst 0.99842, median 0.99974 (eager emulation, export.precision.fp16_weights); the CPUs "
+    "this runs on have no fp16 arithmetic, so fp16 compute would be emulated and slower, not faster"
+)
 _INT8_DECODER = (
     "dynamic int8 of the decoder's Linear layers costs the int8 bar: LiteRT's CPU decoder at int8 ran 1.5x "
     "faster (28.8 -> 19.6 ms p50 at 1024 px, benchmarks/bench_cpu_decoder.py precision=int8) but the end-to-end "
@@ -34,6 +42,8 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "decoder.pte, decoder_cpu.pte + decoder_prep.pte and decoder_batched.pte (prompt encoder + mask decoder)": (
                 _DECODER_FP16
             ),
+            "encoder arithmetic (fp16 parameters cast to fp32 in the XNNPACK delegate)": _FP16_STORAGE,
+            "encoder convolution weights": "XNNPACK serializes convolution weights as fp32 at every precision",
             "graph inputs and outputs": _IO,
         },
         "int8": {
@@ -48,6 +58,9 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "onnx": {
         "fp16": {
             "decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder)": _DECODER_FP16,
+            "encoder arithmetic (fp16 initializers behind Casts to fp32)": _FP16_STORAGE,
+            "float constants under 256 values (export.onnx.FP16_MIN_ELEMENTS)": "negligible size; scales and "
+            "eps stay exact",
             "graph inputs and outputs": _IO,
         },
         "int8": {

@@ -216,6 +216,19 @@ def _load(checkpoint: str | None, cfg: Sam2Config, vcfg: Sam2VideoConfig | None)
     return load_weights(checkpoint, cfg) if vcfg is None else load_video_weights(checkpoint, cfg, vcfg)
 
 
+def _refusal_hint(job: Job) -> str:
+    """What to try after a refused reduced-precision export: the ``diagnose`` command that names the layers and
+    clicks (``--int8``: the sensitivity sweep), then ``--force``."""
+    if job.precision not in ("fp16", "int8") or job.target.name not in ("litert", "onnx", "executorch"):
+        return "pass --force to write it as 'rejected'"
+    ckpt = job.source.get("checkpoint") or "CHECKPOINT"
+    mode = " --int8 --clicks 10" if job.precision == "int8" else ""
+    return (
+        f"`sam2edge diagnose {job.target.name}{mode} --config {job.config_name} --checkpoint {ckpt}` lists the "
+        "failing clicks and the layers to keep in fp32; pass --force to write it as 'rejected'"
+    )
+
+
 def run_export(
     target: str,
     config_name: str,
@@ -259,7 +272,7 @@ def run_export(
             stages.next("fidelity")
             fidelity = _fidelity(spec, job, bars)
             if not fidelity["passed"] and not force:
-                raise UserError(f"export refused: {fidelity['failures'][0]}; pass --force to write it as 'rejected'")
+                raise UserError(f"export refused: {fidelity['failures'][0]}; {_refusal_hint(job)}")
             stages.finish_stage()  # every stage before the write, timed (card.json extra.stage_seconds)
             stages.next("write")
             return finalize_bundle(

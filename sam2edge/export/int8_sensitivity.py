@@ -1,0 +1,134 @@
+"""int8 sensitivity sweep: which encoder layers cost the final mask IoU when quantised (``sam2edge diagnose --int8``).
+
+Every target's int8 bundle quantises the encoder's Linear layers dynamically (int8 weights per output channel,
+activations quantised per call; ``export.kept``). This module emulates that in eager PyTorch with fake
+quantisation of each ``nn.Linear`` of ``image_encoder``:
+
+  weights      symmetric int8 per output channel (scale = max|w_row| / 127), every target;
+  activations  asymmetric uint8 per call: per token (``per_token``: XNNPACK's dynamic quantiser, LiteRT's
+               dynamic-range kernels) or per tensor (ONNX ``DynamicQuantizeLinear``: one range for the whole
+               input, the stricter of the two: an outlier channel widens every token's step).
+
+``sweep`` measures, over ``click_set(clicks)`` against eager fp32 with upstream's operations, the all-int8 encoder
+(baseline) and then, for each Linear, the same with only that layer kept fp32: a layer whose fp32 copy lifts the
+worst / mean mask IoU most is the one to keep (or to give SmoothQuant-style scaling). The decoder stays fp32, as
+in every int8 bundle. The clicks below the int8 bar are listed with their photo and prompt kind.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sam2edge.config import Sam2Config
+
+ENCODER = "image_encoder."
+# target -> activation granularity of its dynamic int8 kernels
+ACTIVATIONS = {"executorch": "per_token", "litert": "per_token", "onnx": "per_tensor"}
+
+
+def fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 per output channel (rows of a Linear weight), dequantised."""
+    scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+    return torch.clamp(torch.round(w / scale), -127, 127) * scale
+
+
+def fake_quant_activation(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Asymmetric uint8 (range including 0), per token (last dim reduced) or per tensor, dequantised."""
+    dims = (-1,) if granularity == "per_token" else tuple(range(x.dim()))
+    lo = x.amin(dim=dims, keepdim=True).clamp_max(0.0)
+    hi = x.amax(dim=dims, keepdim=True).clamp_min(0.0)
+    scale = ((hi - lo) / 255.0).clamp_min(1e-12)
+    zero = torch.round(-lo / scale)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def _int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if not self.int8_enabled:
+        return F.linear(x, self.weight, self.bias)
+    return F.linear(fake_quant_activation(x, self.int8_granularity), self.int8_weight, self.bias)
+
+
+def int8_layers(model: nn.Module, granularity: str) -> dict[str, nn.Linear]:
+    """Switch every encoder Linear of ``model`` (in place) to fake-quantised int8; name -> layer (each has an
+    ``int8_enabled`` flag to keep it fp32)."""
+    out = {}
+    for name, m in model.named_modules():
+        if name.startswith(ENCODER) and isinstance(m, nn.Linear):
+            m.int8_weight = fake_quant_weight(m.weight.detach())
+            m.int8_granularity, m.int8_enabled = granularity, True
+            m.forward = types.MethodType(_int8_forward, m)
+            out[name] = m
+    return out
+
+
+def fused_qkv(rewrites):
+    """``rewrites`` with the fused qkv Linear (the "split" form multiplies by derived copies the fake
+    quantisation would miss; per output channel and per token, both forms quantise identically)."""
+    from dataclasses import replace
+
+    return replace(rewrites, qkv="fused")
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    layer: str  # module name
+    iou_worst: float  # end-to-end worst mask IoU with this layer kept fp32 (all other encoder Linears int8)
+    iou_mean: float  # mean over the clicks
+
+    def as_dict(self) -> dict:
+        return {"layer": self.layer, "iou_worst": self.iou_worst, "iou_mean": self.iou_mean}
+
+
+def sweep(sd: dict, cfg: Sam2Config, target: str, clicks: int = 10, bar: float = 0.95) -> dict:
+    """The baseline all-int8 encoder's IoUs (with the clicks under ``bar``) and, per encoder Linear, the IoUs
+    with that layer alone kept fp32, ranked by the worst IoU they reach (best first)."""
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.checks.fidelity.measure import CachedReference
+    from sam2edge.export.precision import EMULATIONS, GraphBackend, _ious
+    from sam2edge.model import UPSTREAM, build_sam2
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    prompts = click_set(clicks)
+    ref = Sam2Predictor(CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM)))
+    fp32 = build_sam2(cfg, EMULATIONS[target].rewrites)
+    fp32.load_state_dict(sd)
+    fp32.eval()
+    quant = build_sam2(cfg, fused_qkv(EMULATIONS[target].rewrites))
+    quant.load_state_dict(sd)
+    quant.eval()
+    layers = int8_layers(quant, ACTIVATIONS[target])
+
+    def measure() -> list[float]:
+        return _ious(ref, Sam2Predictor(GraphBackend(quant, cfg, decoder_model=fp32)), prompts)
+
+    base = measure()
+    rows = []
+    for name, layer in layers.items():
+        layer.int8_enabled = False
+        ious = measure()
+        layer.int8_enabled = True
+        rows.append(LayerRow(name, float(min(ious)), float(np.mean(ious))))
+    rows.sort(key=lambda r: (-r.iou_worst, -r.iou_mean))
+    failed = [
+        {"index": i, "photo": p.photo, "kind": p.kind, "iou": float(v)}
+        for i, (p, v) in enumerate(zip(prompts, base, strict=True))
+        if not v >= bar
+    ]
+    return {
+        "target": target,
+        "activations": ACTIVATIONS[target],
+        "clicks": len(prompts),
+        "layers": len(layers),
+        "iou_worst": float(min(base)),
+        "iou_median": float(np.median(base)),
+        "iou_mean": float(np.mean(base)),
+        "failed_clicks": failed,
+        "ranking": [r.as_dict() for r in rows],
+    }

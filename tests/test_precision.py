@@ -1,0 +1,188 @@
+"""fp16 storage with fp32 compute (ONNX ``fp16_storage``, ExecuTorch ``Fp16Storage``) and the robustness set.
+
+Fast: on a small module, each target's fp16 file holds fp16 weights and computes exactly what fp32 arithmetic on
+fp16-rounded weights computes (the emulation ``export.precision.fp16_weights`` that the fidelity tests run), and
+not the fp32 model's answer (so the check can fail). Slow: the robustness set (``scripts/robustness_set.py``) is
+deterministic, and every target's fp16 emulation holds the fp16 bars on each of its 5 checkpoints at full size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from sam2edge.checks.fidelity.bars import BARS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.norm, self.fc2 = nn.Linear(64, 256), nn.LayerNorm(256), nn.Linear(256, 32)
+        self.conv = nn.Conv2d(3, 64, 1)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 0.01)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, 3, 4, 4) -> (1, 16, 32)
+        t = self.conv(x).flatten(2).transpose(1, 2)  # (1, 16, 64)
+        return self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(t))))
+
+
+def _rounded(m: nn.Module, keep=lambda name: False) -> nn.Module:
+    import copy
+
+    out = copy.deepcopy(m)
+    with torch.no_grad():
+        for n, p in out.named_parameters():
+            if not keep(n):
+                p.copy_(p.half().float())
+    return out
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(1)) * 2
+
+
+def test_onnx_fp16_storage_is_fp32_compute_on_rounded_weights(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from sam2edge.export.onnx import FP16_MIN_ELEMENTS, fp16_storage
+
+    m, x = _Small().eval(), _x()
+    raw = tmp_path / "raw.onnx"
+    torch.onnx.export(m, (x,), str(raw), dynamo=False, opset_version=17, input_names=["x"], output_names=["y"])
+    census = fp16_storage(raw, tmp_path / "half.onnx")
+    model = onnx.load(str(tmp_path / "half.onnx"))
+    big = [i for i in model.graph.initializer if int(np.prod(i.dims)) >= FP16_MIN_ELEMENTS]
+    assert big and all(i.data_type == onnx.TensorProto.FLOAT16 for i in big) and census["fp16"] == len(big)
+    assert (tmp_path / "half.onnx").stat().st_size < 0.6 * raw.stat().st_size
+    y = ort.InferenceSession(str(tmp_path / "half.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()}
+    )
+    with torch.no_grad():
+        small = {n for n, p in m.named_parameters() if p.numel() < FP16_MIN_ELEMENTS}
+        want, fp32 = _rounded(m, lambda n: n in small)(x).numpy(), m(x).numpy()
+    np.testing.assert_allclose(y[0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want - fp32).max() > 1e-4  # the rounding is visible: the comparison above can fail
+
+
+def test_executorch_fp16_storage_holds_fp16_weights_and_computes_fp32():
+    from sam2edge.export.executorch_graphs import Fp16Storage
+
+    m, x = _Small().eval(), _x()
+    s = Fp16Storage(m).eval()
+    dtypes = {n: p.dtype for n, p in s.graph.named_parameters()}
+    assert dtypes["fc1.weight"] == torch.float16 and dtypes["norm.bias"] == torch.float16
+    assert dtypes["conv.weight"] == torch.float32  # convolutions keep fp32 weights (XNNPACK serializes fp32)
+    with torch.no_grad():
+        y, want = s(x), _rounded(m, lambda n: n.startswith("conv."))(x)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    assert (m(x) - want).abs().max() > 1e-4
+
+
+def _robustness_module():
+    spec = importlib.util.spec_from_file_location("robustness_set", ROOT / "scripts" / "robustness_set.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def robustness_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("robustness_set")
+    return _robustness_module().write_set(folder)
+
+
+@pytest.mark.slow
+def test_robustness_set_is_deterministic(robustness_set, tmp_path):
+    rs = _robustness_module()
+    again = rs.write_set(tmp_path, ["upstream-s1-perturbed", "upstream-s4-outliers"])
+    for name, path in again.items():
+        a, b = (hashlib.sha256(p.read_bytes()).hexdigest() for p in (path, robustness_set[name]))
+        assert a == b, name
+    assert len(robustness_set) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])
+def test_fp16_emulation_holds_on_the_robustness_set(robustness_set, target):
+    """Each target's fp16 arithmetic (fp16-stored encoder weights, fp32 compute and decoder) at full size,
+    40 clicks vs eager fp32 with upstream's operations, on every checkpoint of the set."""
+    from sam2edge.checks.fidelity import click_set, end_to_end
+    from sam2edge.config import HIERA_TINY
+    from sam2edge.export.precision import emulated_pair
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+    from sam2edge.weights import load_weights
+
+    clicks, bad = click_set(40), []
+    for name, path in robustness_set.items():
+        sd = load_weights(str(path), HIERA_TINY)[0]
+        ref = Sam2Predictor(EagerBackend.from_state_dict(sd, HIERA_TINY, UPSTREAM))
+        r = end_to_end(ref, Sam2Predictor(emulated_pair(sd, HIERA_TINY, target)[1]), clicks)
+        if not (r["iou_worst"] >= BARS["fp16"]["min_iou_worst"] and r["iou_median"] >= BARS["fp16"]["min_iou_median"]):
+            bad.append((name, r["iou_worst"], r["iou_median"]))
+    assert not bad, (target, bad)
+
+
+def test_int8_fake_quant_matches_the_dynamic_schemes():
+    from sam2edge.export.int8_sensitivity import fake_quant_activation, fake_quant_weight, int8_layers
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 64, generator=g) * torch.linspace(0.1, 3, 8)[:, None]
+    q = fake_quant_weight(w)
+    step = w.abs().amax(1, keepdim=True) / 127
+    assert torch.all((q - w).abs() <= step / 2 + 1e-6) and torch.allclose(q / step, torch.round(q / step), atol=1e-4)
+    x = torch.randn(16, 64, generator=g)
+    x[:, 3] *= 50  # an outlier channel: one per-tensor range for every token loses the others' resolution
+    err = {k: float((fake_quant_activation(x, k) - x)[:, 4:].abs().mean()) for k in ("per_token", "per_tensor")}
+    assert err["per_token"] <= err["per_tensor"] and err["per_tensor"] > 0
+    model = nn.Sequential()
+    model.add_module("image_encoder", nn.Sequential(nn.Linear(64, 32)))
+    layers = int8_layers(model, "per_tensor")
+    assert list(layers) == ["image_encoder.0"]
+    with torch.no_grad():
+        y8 = model(x)
+        layers["image_encoder.0"].int8_enabled = False
+        y32 = model(x)
+    torch.testing.assert_close(y32, torch.nn.functional.linear(x, layers["image_encoder.0"].weight, model[0][0].bias))
+    assert (y8 - y32).abs().max() > 1e-3
+
+
+def test_smoothing_is_the_same_function_in_fp32():
+    """SmoothQuant-style scaling (``export.smooth``) moves range between a LayerNorm and its Linear readers:
+    the encoder's outputs are unchanged in fp32 while the norms' output ranges shrink."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export.smooth import calibrate, smoothed
+    from sam2edge.model import Rewrites, build_sam2
+
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
+    sd["image_encoder.trunk.blocks.1.norm2.weight"][3] *= 20  # an outlier channel
+    new, report = smoothed(sd, TEST_SMALL, Rewrites())
+    assert report and max(r["max_scale"] for r in report.values()) > 1
+    x = torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(0))
+    models = []
+    for s in (sd, new):
+        m = build_sam2(TEST_SMALL, Rewrites())
+        m.load_state_dict(s)
+        models.append(m.eval())
+    with torch.no_grad():
+        for a, b in zip(models[0].encode_image(x), models[1].encode_image(x), strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+    before, after = (calibrate(m, TEST_SMALL, ("horse.png",)) for m in models)
+    key = "blocks.1.norm2"
+    ratio = [float(d[key].max() / d[key].median()) for d in (before, after)]
+    assert ratio[1] < ratio[0], ratio
