@@ -31,11 +31,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("embed", "encode a dataset once (locally or on Ray Data) into a store of embeddings"),
     "diagnose": ("diagnose", "fp16 vs fp32 layer by layer for a target or bundle: where precision is lost"),
     "sweep": ("sweep", "run every .tflite of a bundle in headless Chromium (LiteRT.js wasm/WebGPU) vs Python CPU"),
+    "report": ("report", "render benchmark JSON records into Markdown tables and a latency chart PNG"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sam2edge", description="SAM 2.1 Hiera-Tiny for the edge, with proof.")
+    from sam2edge import __version__
+
+    parser = argparse.ArgumentParser(prog="sam2edge", description="SAM 2 on the edge, every artifact checked.")
+    parser.add_argument("--version", action="version", version=f"sam2edge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
