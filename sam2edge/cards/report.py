@@ -57,8 +57,8 @@ def _fmt(name: str, value) -> str:
         return value
     for suffix, (_, form) in UNITS.items():
         if name.endswith(suffix):
-            return form.format(value)
-    return f"{value:g}" if isinstance(value, float) else str(value)
+            return f"{value:.0f}" if suffix == "_ms" and value >= 100 else form.format(value)
+    return str(value)
 
 
 def _header(name: str) -> str:
