@@ -125,7 +125,7 @@ def main() -> None:
         records = timed_interleaved(runners, image, args.runs)
     base = records[0]["seconds"]
     grid = f"{args.points_per_side}x{args.points_per_side}"
-    host, load = machine(), loadavg()  # the ratio depends on the CPU (issue 16): every record names it
+    host, load = machine(), loadavg()  # the ratio depends on the CPU: every record names it
     print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
     print(f"  on {host['cpu']} ({host['cores']} cores; {' '.join(host['vector_extensions'])}), load {load}")
     for r in records:

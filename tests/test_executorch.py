@@ -1,4 +1,4 @@
-"""ExecuTorch XNNPACK export (issue 4), small config: every precision exported, run and compared with eager.
+"""ExecuTorch XNNPACK export, small config: every precision exported, run and compared with eager.
 
 Each bundle is lowered once per session (module fixtures): ExecuTorch lowering takes about a minute per
 program on two cores.
@@ -126,7 +126,7 @@ def test_lower_precisions_bar_and_size(tmp_path_factory, precision):
 def test_int8_quantises_the_linear_layers_only():
     """Dynamic int8 covers the Linear layers (card: ``encoder outside the Linear layers`` stays fp32): a
     quantised convolution took XNNPACK's dynamic-quant layout path and broke the encoder's program at run
-    time (session 29). One per-channel weight dequantisation per Linear, none for the convolution, and the
+    time. One per-channel weight dequantisation per Linear, none for the convolution, and the
     program runs close to eager. (A convolution straight into a quantised Linear fails XNNPACK's lowering:
     "Weight and Input should both be quantized"; the model has a norm between them everywhere.)"""
     from sam2edge.export.executorch import REWRITES, _quantize_int8, lower_program

@@ -9,7 +9,7 @@ Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, pr
 
 fp16: every weight and activation of the encoder is fp16; decoder.onnx (prompt encoder + mask decoder) stays
 fp32: fp16 rounding accumulates ~1e-3 relative error per two-way transformer stage, which at full decoder
-width drops the median mask IoU below the 0.999 bar for some checkpoints (issue 15;
+width drops the median mask IoU below the 0.999 bar for some checkpoints (docs/design/precision.md;
 ``export.kept.FP32_KEPT``); I/O stays fp32.
 
 Graph optimisation: onnxruntime's offline BASIC level (constant folding, redundant-node removal;
@@ -77,7 +77,7 @@ class HalfEncoderGraph(nn.Module):
 
 GRAPHS = {
     "fp32": (EncoderGraph, PointDecoderGraph),
-    "fp16": (HalfEncoderGraph, PointDecoderGraph),  # the decoder stays fp32 (FP32_KEPT, notes/issue-15.md)
+    "fp16": (HalfEncoderGraph, PointDecoderGraph),  # the decoder stays fp32 (FP32_KEPT)
     "int8": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; the encoder is quantised after optimisation
 }
 
@@ -252,7 +252,7 @@ def _graphs(job) -> dict:
 
 
 def _batched(job) -> dict:
-    """The batched decoder, fp32 at every precision like decoder.onnx (fp16: FP32_KEPT, notes/issue-15.md)."""
+    """The batched decoder, fp32 at every precision like decoder.onnx (fp16: FP32_KEPT)."""
     b = bat.batch_size(job)
     graph = bat.BatchedPointDecoderGraph(job.model)
     return {ob.BATCHED_DECODER_FILE: ("decoder-batched", graph, bat.point_sample_args(job.model, b))}

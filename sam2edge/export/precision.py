@@ -15,8 +15,8 @@ graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
               graphs keep fp32 weights (``FP32_KEPT``).
 
 ``FP32_KEPT[target][precision]`` (``export.kept``) lists, for the card, what a target's reduced-precision
-export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs behind them (issue 15,
-notes/issue-15.md).
+export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs behind them
+(docs/design/precision.md).
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ REWRITTEN = {
 }
 
 
-# Measured (issue 15, test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations)
+# Measured (test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations)
 # with the emulated graphs of ``EMULATIONS`` (the CI test's computation); checkpoint -> (worst, median)
 FP16_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
-    "litert": {  # fp32 decoder weights (session 15; notes/issue-19.md)
+    "litert": {  # fp32 decoder weights (docs/design/precision.md)
         "synthetic:3": (0.9982, 0.9997),
         "synthetic:1": (0.9989, 0.9997),
         "synthetic:3:range4": (0.9983, 0.9997),
