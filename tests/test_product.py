@@ -19,7 +19,9 @@ from sam2edge.errors import UserError
 ROOT = Path(__file__).resolve().parent.parent
 # work-log wording: a numbered session or issue, a "(#N)" / "PR #N" reference, or a link into the old notes
 # (each word spelled with a character class, so this line does not match itself)
-WORK_LOG = re.compile(r"sessio[n] [0-9]|\bissu[e][- ]?[0-9]|(?<![\w &])#[0-9]+\b|\b(?:PR|pull|fixes) #[0-9]|note[s]/", re.I)
+WORK_LOG = re.compile(
+    r"sessio[n] [0-9]|\bissu[e][- ]?[0-9]|(?<![\w &])#[0-9]+\b|\b(?:PR|pull|fixes) #[0-9]|note[s]/", re.I
+)
 BINARY = {".png", ".jpg", ".jpeg", ".mp4", ".webm", ".tflite", ".pte", ".onnx", ".safetensors", ".pt", ".ico"}
 
 
