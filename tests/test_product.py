@@ -142,3 +142,18 @@ def test_no_work_log_references():
             if WORK_LOG.search(line):
                 hits.append(f"{f}:{n}: {line.strip()[:100]}")
     assert not hits, "work-log references (write decisions as decisions):\n" + "\n".join(hits[:50])
+
+
+def test_bench_records_render(tmp_path, capsys):
+    """A ``sam2edge bench`` run's records name their command and commit and render as a table row each."""
+    recs, page = tmp_path / "records", tmp_path / "bench.md"
+    args = ["bench", "--upstream", "--config", "test-small", "--runs", "1", "--warmup", "0", "--clicks", "1"]
+    assert main([*args, "--threads", "1", "--records", str(recs)]) == 0
+    raw = [json.loads(p.read_text()) for p in recs.rglob("*.json")]
+    assert raw and all(r["command"] and r["commit"] for r in raw)
+    assert main(["report", str(recs), "--out", str(page)]) == 0
+    text = page.read_text()
+    for r in raw:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {r['subject']} |"))
+        assert f"| {r['encoder_ms']['median']:.1f} |" in row or f"| {r['encoder_ms']['median']:.0f} |" in row
+        assert f"`{r['command']}`" in text

@@ -244,6 +244,36 @@ def git_commit(cwd: str | Path | None = None) -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def command_line() -> str:
+    """This process's command line as a shell would take it (``bench_targets.py --runs 5 ...``)."""
+    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def from_bench(rec: dict) -> dict:
+    """A ``sam2edge bench`` record (kind ``bench``) in the common schema: table = resolution and thread count, row =
+    subject, figures = medians (encoder, click, first click), load time, peak RSS and the ratios. A record
+    written before bench records named their command keeps ``command`` None (``sam2edge report`` refuses it)."""
+    figures = {
+        "encoder_ms": rec["encoder_ms"]["median"],
+        "click_ms": rec["decoder_ms"]["median"],
+        "first_click_ms": rec["first_click_ms"]["median"],
+        **{f"{k}_x": v for k, v in rec.get("ratios", {}).items()},
+        "load_s": rec["load_s"],
+        "peak_rss_mb": rec["peak_rss_mb"],
+    }
+    version = rec.get("version", "").removeprefix("sam2edge ")
+    return {
+        "schema": SCHEMA,
+        "table": f"{rec['resolution']} px, {rec['threads']} threads ({rec['runs']} interleaved runs)",
+        "row": rec["subject"],
+        "figures": figures,
+        "command": rec.get("command"),
+        "date": rec["date"],
+        "machine": rec["machine"],
+        "sam2edge": {"version": version, "commit": rec.get("commit", "unknown")},
+    }
+
+
 def make_record(table: str, row: str, figures: dict, command: str | None = None, **extra) -> dict:
     """A record in the common schema: which table and row it fills, every figure (name -> number; the name's
     suffix is its unit: ``_ms``, ``_mb``, ``_x`` ratio), the command that measured it (default: this process's
@@ -256,7 +286,7 @@ def make_record(table: str, row: str, figures: dict, command: str | None = None,
         "table": table,
         "row": row,
         "figures": dict(figures),
-        "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command or command_line(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "machine": machine(),
         "sam2edge": {"version": __version__, "commit": git_commit()},
