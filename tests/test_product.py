@@ -157,3 +157,28 @@ def test_bench_records_render(tmp_path, capsys):
         row = next(line for line in text.splitlines() if line.startswith(f"| {r['subject']} |"))
         assert f"| {r['encoder_ms']['median']:.1f} |" in row or f"| {r['encoder_ms']['median']:.0f} |" in row
         assert f"`{r['command']}`" in text
+
+
+def test_readme_bundle_table_matches_the_records():
+    """Every figure of the README's "Which bundle should I ship" table is a figure of the record of that row."""
+    recs = {r["row"]: r["figures"] for r in load_records([ROOT / "benchmarks" / "records"])}
+    text = (ROOT / "README.md").read_text().split("## Which bundle should I ship", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip().strip("*") for c in line.strip().strip("|").split("|")] for line in text.splitlines()]
+    rows = [r for r in rows if len(r) == 7 and r[0] not in ("bundle", "---")]
+    assert len(rows) >= 6
+    for label, files, enc, enc_x, click, click_x, iou in rows:
+        f = recs[label]  # a row without a record fails here
+        expect = {
+            files: f"{f['encoder_file_mb']:.1f} + {f['decoder_file_mb']:.1f} MB" if "encoder_file_mb" in f else "",
+            enc: f"{f['encoder_ms']:.0f} ms",
+            enc_x: f"{f['encoder_vs_upstream_x']:.2f}x" if "encoder_vs_upstream_x" in f else "",
+            click: f"{f['click_ms']:.1f} ms",
+            click_x: f"{f['click_vs_upstream_x']:.2f}x" if "click_vs_upstream_x" in f else "",
+        }
+        for shown, want in expect.items():
+            assert shown == want, (label, shown, want)
+        if iou:
+            worst, median = iou.rstrip(")").split(" (")
+            assert float(worst) == f["mask_iou_worst"] and float(median) == f["mask_iou_median"], label
+        else:
+            assert "mask_iou_worst" not in f, label
