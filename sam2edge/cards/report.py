@@ -123,18 +123,14 @@ def _font(size: int):
 
 
 def latency_chart(records: list[dict], out: str | Path) -> bool:
-    """Horizontal bars of every ``*_ms`` figure, grouped by table, each table on its own scale. Returns False
+    """Horizontal bars of every ``*_ms`` figure, one panel per table and figure, each on its own scale. Returns False
     (nothing written) when no record has a latency figure."""
-    rows: list[tuple[str, list[tuple[str, float]]]] = []
+    rows: list[tuple[str, list[tuple[str, float]]]] = []  # one panel per (table, latency figure), own scale
     for name, recs in group(records).items():
-        bars = [
-            (f"{r['row']} · {k[:-3]}", float(v))
-            for r in recs
-            for k, v in r["figures"].items()
-            if k.endswith("_ms") and isinstance(v, int | float)
-        ]
-        if bars:
-            rows.append((name, bars))
+        keys = list(dict.fromkeys(k for r in recs for k in r["figures"] if k.endswith("_ms")))
+        for k in keys:
+            bars = [(r["row"], float(r["figures"][k])) for r in recs if isinstance(r["figures"].get(k), int | float)]
+            rows.append((f"{name}: {k[:-3].replace('_', ' ')}", bars))
     if not rows:
         return False
     width, left, bar_h, pad = 1000, 360, 22, 14
