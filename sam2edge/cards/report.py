@@ -105,12 +105,14 @@ def markdown(records: list[dict], chart: str | None = None) -> str:
         for r in recs:
             lines.append(f"| {r['row']} | " + " | ".join(_fmt(c, r["figures"].get(c)) for c in cols) + " |")
         lines.append("")
+        sources: dict[tuple, list[str]] = {}  # rows measured by one run share one provenance line
         for r in recs:
             ver = r.get("sam2edge", {})
             at = f", sam2edge {ver['version']} at {ver['commit'][:12]}" if ver.get("commit") else ""
-            lines.append(f"- {r['row']}: {r['date']}, {_machine(r['machine'])}{at}: `{r['command']}`")
-            if r.get("notes"):
-                lines.append(f"  {r['notes']}")
+            line = f"{r['date']}, {_machine(r['machine'])}{at}: `{r['command']}`"
+            sources.setdefault((line, r.get("notes", "")), []).append(r["row"])
+        for (line, notes), rows in sources.items():
+            lines.append(f"- {', '.join(rows)}: {line}" + (f". {notes}" if notes else ""))
         lines.append("")
     return "\n".join(lines)
 
