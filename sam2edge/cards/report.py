@@ -108,7 +108,8 @@ def markdown(records: list[dict], chart: str | None = None) -> str:
         sources: dict[tuple, list[str]] = {}  # rows measured by one run share one provenance line
         for r in recs:
             ver = r.get("sam2edge", {})
-            at = f", sam2edge {ver['version']} at {ver['commit'][:12]}" if ver.get("commit") else ""
+            commit = ver.get("commit", "")
+            at = f", sam2edge {ver['version']} at {commit[:12]}{commit[40:]}" if commit else ""
             line = f"{r['date']}, {_machine(r['machine'])}{at}: `{r['command']}`"
             sources.setdefault((line, r.get("notes", "")), []).append(r["row"])
         for (line, notes), rows in sources.items():

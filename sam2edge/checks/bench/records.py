@@ -245,8 +245,14 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
 
 def command_line() -> str:
-    """This process's command line as a shell would take it (``bench_targets.py --runs 5 ...``)."""
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """This process's command line as a shell would take it: ``python benchmarks/bench_x.py ...`` for a script,
+    ``sam2edge bench ...`` for the console command (``-m sam2edge`` included)."""
+    head = sys.argv[0]
+    if head.endswith("__main__.py"):
+        return shlex.join(["sam2edge", *sys.argv[1:]])
+    if head.endswith(".py"):
+        return shlex.join(["python", head, *sys.argv[1:]])
+    return shlex.join([Path(head).name, *sys.argv[1:]])
 
 
 def from_bench(rec: dict) -> dict:
