@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from amg_oracle import install_torchvision_ops, upstream_generator  # noqa: E402
 from oracles import meta_image_path  # noqa: E402
 
-from sam2edge.checks.bench.records import loadavg, machine  # noqa: E402
+from sam2edge.checks.bench.records import loadavg, machine, make_record, write_record  # noqa: E402
 from sam2edge.checks.fidelity import photo  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
 from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="write the records as JSON here")
+    ap.add_argument("--records", help="also write one common-schema record per runner here (for `sam2edge report`)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = CONFIGS[args.config]
@@ -125,7 +126,7 @@ def main() -> None:
         records = timed_interleaved(runners, image, args.runs)
     base = records[0]["seconds"]
     grid = f"{args.points_per_side}x{args.points_per_side}"
-    host, load = machine(), loadavg()  # the ratio depends on the CPU (issue 16): every record names it
+    host, load = machine(), loadavg()  # the ratio depends on the CPU: every record names it
     print(f"segment everything, {grid} grid, {args.photo} {image.shape[1]}x{image.shape[0]}, {args.config}")
     print(f"  on {host['cpu']} ({host['cores']} cores; {' '.join(host['vector_extensions'])}), load {load}")
     for r in records:
@@ -136,6 +137,10 @@ def main() -> None:
         print(f"  {r['runner']:<40} {r['seconds']:8.2f} s  {r['masks']:4d} masks  ratio {r['ratio']:.3f}  ({how})")
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=2))
+    table = f"segment everything: {grid} grid, {args.config}, {args.threads} threads ({args.runs} interleaved runs)"
+    for r in records if args.records else ():
+        figures = {"generate_s": r["seconds"], "vs_upstream_x": r["ratio"], "masks": r["masks"]}
+        write_record(make_record(table, r["runner"], figures, threads=args.threads, photo=args.photo), args.records)
 
 
 if __name__ == "__main__":

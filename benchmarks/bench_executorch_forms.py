@@ -3,16 +3,16 @@
     python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--int8] [--runs 40] [--profile]
 
 Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
-  one program, before   ``decoder.pte`` as session 26 shipped it: Rewrites(transposed_conv="matmul"), the
+  one program, before   ``decoder.pte`` in its earlier form: Rewrites(transposed_conv="matmul"), the
                         upscaling NCHW, channel-sum mask head, the positional encoding made NCHW and turned
                         back into rows by the transformer
   one program, now      ``decoder.pte`` now: the upscaling channels-last, the mask head one matmul, the
                         positional encoding kept as rows (``executorch.REWRITES``)
   given, before-form    ``decoder_cpu.pte``'s inputs (the first layer's image projections given), old Rewrites
   given, now            ``decoder_cpu.pte`` as shipped: what the runtime runs per click
-Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (until session 28) or as
+Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (the earlier form) or as
 elementwise maxima in place (``Rewrites.q_pool = "maxima"``); the q / k / v projection fused and sliced (until
-session 29) or as three products (``Rewrites.qkv = "split"``, shipped). ``--int8``: each encoder form
+the maxima form) or as three products (``Rewrites.qkv = "split"``, shipped). ``--int8``: each encoder form
 quantised as the int8 export quantises it (``executorch._quantize_int8``).
 
 Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
@@ -50,11 +50,11 @@ from sam2edge.export.executorch_graphs import (
 from sam2edge.export.executorch_lower import lower
 from sam2edge.model import Rewrites, build_sam2
 
-BEFORE = Rewrites(transposed_conv="matmul", texture_limit=0)  # executorch.REWRITES until session 28
+BEFORE = Rewrites(transposed_conv="matmul", texture_limit=0)  # executorch.REWRITES before the layout rewrites
 
 
 class _PeNchw:
-    """The positional encoding as session 26's graphs made it: (1, C, e, e), turned back into rows inside."""
+    """The positional encoding as the earlier graphs made it: (1, C, e, e), turned back into rows inside."""
 
     def image_pe(self) -> torch.Tensor:
         e = self.model.cfg.image_embedding_size
@@ -93,8 +93,8 @@ def decoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
 
 
 ENCODER_FORMS = {  # name: (Rewrites.q_pool, Rewrites.qkv)
-    "max_pool2d, fused": ("max_pool", "fused"),  # until session 28
-    "maxima, fused": ("maxima", "fused"),  # session 28
+    "max_pool2d, fused": ("max_pool", "fused"),  # the earlier form
+    "maxima, fused": ("maxima", "fused"),  # pooling rewritten only
     "maxima, split": ("maxima", "split"),  # now
 }
 

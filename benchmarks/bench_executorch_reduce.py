@@ -1,5 +1,5 @@
 """ExecuTorch XNNPACK: a mean over one dim as a GEMM with a constant 1/C column (shipped) or as XNNPACK's
-global average pool over (M, 1, 1, C) (the form before session 26), side by side on the full-size graphs.
+global average pool over (M, 1, 1, C) (the earlier form), side by side on the full-size graphs.
 
     python benchmarks/bench_executorch_reduce.py [--graphs decoder encoder] [--runs 30] [--profile]
 

@@ -1,4 +1,4 @@
-"""Speed cost of keeping the decoder in fp32 in fp16 bundles (issue 15): one decoder call, fp16 vs fp32.
+"""Speed cost of keeping the decoder in fp32 in fp16 bundles: one decoder call, fp16 vs fp32.
 
 Usage: python benchmarks/bench_fp16_decoder.py [--config sam2.1-hiera-tiny] [--resolution 1024]
        [--targets onnx,executorch] [--repeats 30] [--threads 1]

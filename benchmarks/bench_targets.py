@@ -1,4 +1,4 @@
-"""Every export target against upstream eager ``sam2`` in one session: the issue-7 comparison table.
+"""Every export target against upstream eager ``sam2`` in one process: the comparison table.
 
     .venv/bin/python benchmarks/bench_targets.py BUNDLE [BUNDLE ...] [--threads 2] [--runs 5] [--clicks 4]
         [--peer DIR]

@@ -1,7 +1,7 @@
 """Real fp16 exports at ``test-small-wide-decoder``: the export's own 40-click fidelity, worst / median mask IoU.
 
 The config (test-small's encoder with the full-width decoder) is where the fp16 decoder's precision loss shows
-(notes/issue-15.md). It is not in ``config.CONFIGS``, so this script registers it before calling the pipeline.
+(docs/design/precision.md). It is not in ``config.CONFIGS``, so this script registers it before calling the pipeline.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fp16_real_exports.py executorch synthetic:3 synthetic:1
 """

@@ -1,4 +1,4 @@
-"""Full-size GPU-check studies (issue 6): slow (minutes each on SwiftShader), one at a time.
+"""Full-size GPU-check studies: slow (minutes each on SwiftShader), one at a time.
 
   python benchmarks/gpu_check_fullsize.py naive-encoder OUT_DIR
       upstream ``sam2`` image_encoder (random init) converted with litert-torch as-is -> gpu-check

@@ -7,7 +7,7 @@ CPU (``checks.gpu.check.run_on``, the GPU check's worker), fed the CPU's values:
 check feeds them (``--run``: which of its feed runs) and the outputs of the pieces before it, so each line is
 one piece's own GPU error, not the error carried from earlier pieces. Prints the GPU-vs-CPU cosine and largest
 difference of every piece output. Pieces must follow one another from operator 0 (each reads what the earlier
-ones wrote). Session 25 found with it the LayerNorm ADD that the delegate merges into its FULLY_CONNECTED reader
+ones wrote). It found the LayerNorm ADD that the delegate merges into its FULLY_CONNECTED reader
 (``checks.tflite.slice._risky_outputs``).
 """
 

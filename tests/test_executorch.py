@@ -1,4 +1,4 @@
-"""ExecuTorch XNNPACK export (issue 4), small config: every precision exported, run and compared with eager.
+"""ExecuTorch XNNPACK export, small config: every precision exported, run and compared with eager.
 
 Each bundle is lowered once per session (module fixtures): ExecuTorch lowering takes about a minute per
 program on two cores.

@@ -1,4 +1,4 @@
-"""Work an export does once instead of twice (issue 16, export time): the job's shared eager reference,
+"""Work an export does once instead of twice (export time): the job's shared eager reference,
 the shared encoder outputs of one graph, the photos decoded once, the manifest reusing the card's hashes.
 Each reuse must give exactly what the work done again gives."""
 

@@ -1,4 +1,4 @@
-"""fp16 / int8 exports that hold for any weights (issue 15).
+"""fp16 / int8 exports that hold for any weights.
 
 Three random checkpoints (two other seeds and a range-stressed one, see ``sam2edge.checks.fidelity.checkpoints``)
 compared end to end with eager fp32 with upstream's operations over the 40 clicks on real photos:
@@ -35,7 +35,7 @@ from sam2edge.runtime.predictor import Sam2Predictor
 
 CHECKPOINTS = ("synthetic:1", "synthetic:2", "synthetic:0:range4")  # int8 (test-small) and the real converters
 # fp16 in CI: test-small's encoder with the full decoder widths, where an all-fp16 decoder fails the median bar
-# (synthetic:3 0.9985, synthetic:1 0.9983, synthetic:3:range4 below 0.999 too: notes/issue-15.md)
+# (synthetic:3 0.9985, synthetic:1 0.9983, synthetic:3:range4 below 0.999 too: docs/design/precision.md)
 WIDE_CHECKPOINTS = ("synthetic:3", "synthetic:1", "synthetic:3:range4")
 FP16_WORST, FP16_MEDIAN, INT8_WORST = (
     BARS["fp16"]["min_iou_worst"],

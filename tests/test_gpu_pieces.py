@@ -4,7 +4,7 @@ The memory attention hands its memory, positions and key bias to every layer, so
 clean (some output is read once inside the piece and again later). A cut right after a LayerNorm whose closing
 ADD feeds one FULLY_CONNECTED inside the piece gets that tensor back wrong from LiteRT's GPU delegate (the ADD is
 merged into its reader); the full-size check cut there and reported a false mismatch (cosine 0.9934,
-notes/issue-18.md, session 25). If a LiteRT release stops merging it, the assertion on that piece fails and
+docs/design/gpu.md). If a LiteRT release stops merging it, the assertion on that piece fails and
 the rule can go.
 """
 

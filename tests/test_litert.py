@@ -379,7 +379,7 @@ def test_fp16_export_small(tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_reduced_precision_leaves_the_image_decoders_fp32(precision):
     """fp16 rounds the encoder's and the video graphs' weights, int8 quantises the encoder only; the prompt-side
-    graphs convert in fp32 at every precision (issue 19: fp16 decoder weights cost large its fp16 bar)."""
+    graphs convert in fp32 at every precision (measured: fp16 decoder weights cost large its fp16 bar)."""
     from types import SimpleNamespace
 
     from sam2edge.export.litert import IMAGE_DECODER_FILES, _precision

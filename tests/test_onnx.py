@@ -199,7 +199,7 @@ def test_cli_exit_2(bundle, tmp_path, capsys):
 
 
 def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
-    """fp16 bundle: fp16 encoder weights, fp32 decoders (issue 15: the single and the batched one), fp32 I/O, a
+    """fp16 bundle: fp16 encoder weights, fp32 decoders (the single and the batched one), fp32 I/O, a
     smaller encoder, masks within the IoU bar of eager fp32; the batched decoder equals its single decodes; the card
     states the measured IoU and what was kept in fp32, and why."""
     from sam2edge.cards.render import render_markdown
@@ -231,7 +231,7 @@ def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
 
 
 def test_card_resolution_disagreeing_with_the_graph_is_one_line(bundle, tmp_path, capsys):
-    """card.json says 512 but encoder.onnx takes 256x256: refused at load, one line naming both (issue 14)."""
+    """card.json says 512 but encoder.onnx takes 256x256: refused at load, one line naming both."""
     bad = tmp_path / "bad"
     shutil.copytree(bundle, bad)
     card = json.loads((bad / "card.json").read_text())

@@ -1,6 +1,6 @@
 """Full-size (Hiera-Tiny, 1024) parity of the re-authored model against both upstream oracles.
 
-Bars (issue 2): for every output, max-abs difference <= 1e-4 of the reference's largest magnitude
+Bars: for every output, max-abs difference <= 1e-4 of the reference's largest magnitude
 and cosine >= 0.99999. Checked for the export-form rewrites (the default) and for upstream's ops.
 """
 

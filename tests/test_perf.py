@@ -1,4 +1,4 @@
-"""Performance tooling (issue 16): profiles from the runtimes' own profilers, thread scaling, CPU extensions.
+"""Performance tooling: profiles from the runtimes' own profilers, thread scaling, CPU extensions.
 
 No timing is asserted: the tests check that each profiler names the operator types of the graph it ran
 (every operator of a tiny graph is accounted for), that bench records carry the machine's vector

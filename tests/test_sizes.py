@@ -294,7 +294,7 @@ def bplus_bundles(tmp_path_factory):
 
 
 # the LiteRT and ExecuTorch exports (~100 s each) are slow: the test-small exports cover their code paths in CI;
-# full-size small and base-plus LiteRT bundles were exported and GPU-checked (notes/issue-19.md)
+# full-size small and base-plus LiteRT bundles were exported and GPU-checked (docs/design/gpu.md)
 SLOW = pytest.mark.slow
 
 

@@ -66,7 +66,7 @@ def test_empty_slots_are_exact_no_ops(sd, key_bias):
 
 
 class _Stages(nn.Module):
-    """Every per-frame stage in one graph, as the export (issue 18) will cut them."""
+    """Every per-frame stage in one graph, as the export cuts them."""
 
     def __init__(self, model) -> None:
         super().__init__()

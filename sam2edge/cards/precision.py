@@ -1,5 +1,5 @@
 """Model card section of a reduced-precision bundle: its measured mask IoU against the bars, and what its
-export kept in fp32 and why (card.json ``extra.fp32_kept``, written by the export; issue 15)."""
+export kept in fp32 and why (card.json ``extra.fp32_kept``, written by the export)."""
 
 from __future__ import annotations
 

@@ -61,16 +61,16 @@ from sam2edge.runtime.executorch_backend import (
 )
 
 # the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
-# decoder 7 % slower (84.5 vs 78.5 ms p50 per click, /tmp A/B in notes/issue-16.md, session 18); the upscaling
+# decoder 7 % slower (84.5 vs 78.5 ms p50 per click in an A/B of the decoder alone); the upscaling
 # channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK (with the positional
 # encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click,
-# `benchmarks/bench_executorch_forms.py --graph decoder`, notes/issue-16.md, session 28). LiteRT's CPU decoder
+# `benchmarks/bench_executorch_forms.py --graph decoder`). LiteRT's CPU decoder
 # stays NCHW: its converter places the transposes itself, and channels-last ran slower there (35.7 vs 37.1 ms,
 # `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
 # layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
 # Hiera's q / k / v as three products (exact): no slice copies of the fused output (fp32 1828 -> 1737 ms, int8
-# 1168 -> 1109 ms p50, `--graph encoder [--int8]`, notes/issue-16.md, session 29).
+# 1168 -> 1109 ms p50, `--graph encoder [--int8]`).
 REWRITES = Rewrites(
     transposed_conv="matmul",
     mask_head="matmul",
@@ -100,8 +100,8 @@ def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
     activations quantized per call. The convolutions (patch embedding, FPN laterals, conv_s0 / conv_s1) stay
     fp32: a dynamically quantized convolution sends XNNPACK's ChannelsLastTaggedReshapePass down its
     dynamic-quant path, which follows first arguments back through the graph and re-lays out the tensor it
-    ends at, so the program failed shape propagation at run time with the pooling maxima (session 29,
-    notes/issue-16.md)."""
+    ends at, so the program failed shape propagation at run time with the pooling maxima (see
+    docs/design/precision.md)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         LINEAR_TARGETS,
         XNNPACKQuantizer,
@@ -243,7 +243,7 @@ def _encoder_graph(job) -> torch.nn.Module:
 
 
 def _graphs(job) -> dict:
-    decoder = decoder_model(job)  # fp32 at every precision: every decoder (FP32_KEPT, notes/issue-15.md)
+    decoder = decoder_model(job)  # fp32 at every precision: every decoder (FP32_KEPT)
     click = decoder_inputs(job.cfg, MAX_POINTS)
     return {
         ENCODER_FILE: ("encoder", _encoder_graph(job), encoder_inputs(job.cfg)),

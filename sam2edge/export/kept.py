@@ -1,8 +1,8 @@
-"""What a reduced-precision export computes in fp32, and why (card.json ``extra.fp32_kept``; issue 15).
+"""What a reduced-precision export computes in fp32, and why (card.json ``extra.fp32_kept``).
 
 ``FP32_KEPT[target][precision]`` = {part kept in fp32: why}. The export pipeline copies the entry of its
 (target, precision) into card.json, so a bundle's card states what *its* export did (``sam2edge card
-render`` prints it next to the measured worst / median mask IoU). Evidence: notes/issue-15.md.
+render`` prints it next to the measured worst / median mask IoU). Evidence: docs/design/precision.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ _DECODER_FP16 = (
     "0.9985 < 0.999 at the full decoder width for checkpoint synthetic:3 (0.9996 with this decoder in fp32); "
     "keeping only the mask head in fp32 did not help (0.9986), the transformer alone did (0.9991)"
 )
-# the measured reason LiteRT's fp16 bundles keep the decoder graphs' weights fp32 (issue 19, notes/issue-19.md)
+# the measured reason LiteRT's fp16 bundles keep the decoder graphs' weights fp32 (docs/design/precision.md)
 _DECODER_FP16_WEIGHTS = (
     "with every weight rounded to fp16, sam2.1-hiera-large (synthetic weights) missed the fp16 bars: seed 0 median "
     "0.9990 < 0.999 at export (eager emulation 0.99881), seed 1 worst 0.98640 < 0.99 (emulation); with the "
@@ -32,8 +32,8 @@ _FP16_STORAGE = (
 _INT8_DECODER = (
     "dynamic int8 of the decoder's Linear layers costs the int8 bar: LiteRT's CPU decoder at int8 ran 1.5x "
     "faster (28.8 -> 19.6 ms p50 at 1024 px, benchmarks/bench_cpu_decoder.py precision=int8) but the end-to-end "
-    "worst mask IoU fell to 0.9263 < 0.95 (full-size Hiera-Tiny, synthetic weights, notes/issue-16.md session "
-    "29); the other targets' int8 is the same scheme"
+    "worst mask IoU fell to 0.9263 < 0.95 (full-size Hiera-Tiny, synthetic weights, measured "
+    "2026-12-04); the other targets' int8 is the same scheme"
 )
 
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
@@ -52,7 +52,7 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "XNNPACK's ChannelsLastTaggedReshapePass",
             "encoder outside the Linear layers": "the XNNPACK quantizer is given the Linear layers only: dynamic "
             "int8 leaves the attention products in fp32, and a quantised convolution broke the program at run "
-            "time (XNNPACK's channels-last pass, session 29)",
+            "time (XNNPACK's channels-last pass)",
         },
     },
     "onnx": {
@@ -83,7 +83,7 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
-# int8 --video, every target (notes/issue-18.md, session 25)
+# int8 --video, every target (docs/design/precision.md)
 _VIDEO_INT8 = (
     "the memory attention's time is in its activation x activation products (scores and P @ v over 28736 keys), "
     "which dynamic int8 leaves in fp32: int8 weights made the full-size LiteRT graph only 1.08x faster (2442 -> "

@@ -81,7 +81,7 @@ ROLES = {
     BATCHED_DECODER_FILE: "decoder-batched",
 }
 # The prompt-side graphs, fp32 in every bundle (4.2 M parameters at every size; fp16 weights here cost the
-# large model's end-to-end median its bar: notes/issue-19.md, session 15).
+# large model's end-to-end median its bar: docs/design/precision.md).
 IMAGE_DECODER_FILES = frozenset(
     {DECODER_FILE, DECODER_CPU_FILE, DECODER_PREP_FILE, MASK_ENCODER_FILE, BATCHED_DECODER_FILE}
 )
@@ -91,9 +91,9 @@ IMAGE_DECODER_FILES = frozenset(
 # Full-size Hiera-Tiny decoder, torch FlopCounter: 6.04 GFLOP with Rewrites() vs 3.64 with these.
 # Not ``token_fold``: with the 8 prompt slots (14 tokens) it saves 9 % of the FLOPs, and the converted graph
 # ran 2x slower (XNNPACK FULLY_CONNECTED with the 4096x256 image as its weights, re-packed every call:
-# 36.3 -> 75.0 ms per click at 1024 px, notes/issue-16.md, session 16).
+# 36.3 -> 75.0 ms per click at 1024 px).
 # It is given its prompt-independent work (the first layer's three image projections, 0.8 GFLOP at 1024 px)
-# by ``decoder_prep.tflite``, run once per image: a click computes 2.8 of the 3.6 GFLOP (session 18).
+# by ``decoder_prep.tflite``, run once per image: a click computes 2.8 of the 3.6 GFLOP.
 CPU_DECODER_REWRITES = Rewrites(transposed_conv="matmul", mask_head="matmul")
 
 
@@ -361,7 +361,7 @@ def summary(card: dict, out: Path) -> str:
 
 
 # check name -> fn(ctx) -> dict recorded in card.json extra["checks"][name]; raise UserError to refuse.
-# (The LiteRT GPU-delegate residency check of issue 6 registers here.)
+# (The LiteRT GPU-delegate residency check registers here.)
 POST_EXPORT_CHECKS: dict[str, Callable[[ExportContext], dict]] = {
     "gpu_delegate": gpu_delegate_check,
     "eager_rewrite_vs_upstream": rewrite_vs_upstream,

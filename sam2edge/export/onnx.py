@@ -270,7 +270,7 @@ def _graphs(job) -> dict:
 
 
 def _batched(job) -> dict:
-    """The batched decoder, fp32 at every precision like decoder.onnx (fp16: FP32_KEPT, notes/issue-15.md)."""
+    """The batched decoder, fp32 at every precision like decoder.onnx (fp16: FP32_KEPT)."""
     b = bat.batch_size(job)
     graph = bat.BatchedPointDecoderGraph(job.model)
     return {ob.BATCHED_DECODER_FILE: ("decoder-batched", graph, bat.point_sample_args(job.model, b))}

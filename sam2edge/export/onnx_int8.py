@@ -11,7 +11,7 @@ Why two encoder files. onnxruntime multiplies u8 activations by the weights with
   - u8 x u8 never saturates, but has no VNNI fast path.
 So ``encoder.onnx`` (every CPU) holds u8 weights, and ``encoder_vnni.onnx`` (role ``encoder-vnni``) s8 weights.
 Full-size Hiera-Tiny, one interleaved run on a 2-core Xeon with AVX-512 VNNI
-(``benchmarks/bench_targets.py``, notes/issue-16.md session 24): encoder 1598 ms (u8) and 1197 ms (s8)
+(``benchmarks/bench_targets.py``, 2026-12-03): encoder 1598 ms (u8) and 1197 ms (s8)
 against fp32's 1750 ms at 2 threads. The VNNI file is written only when the exporting CPU has VNNI, so that
 its fidelity is measured on the kernels that will run it (``vnni_check``, the same bars as the bundle); one
 that misses a bar is left out and ``fidelity.json`` ``checks.int8_vnni`` says why. The ONNX backend opens it
@@ -30,7 +30,7 @@ from sam2edge.runtime import onnx_backend as ob
 
 INT8_OPS = ("MatMul",)
 # weight formats: name -> (onnxruntime weight type, reduce_range). 7-bit signed weights avoid the saturation
-# but lose precision: full-size worst click IoU 0.8987, refused (benchmarks/bench_int8_range.py, session 23)
+# but lose precision: full-size worst click IoU 0.8987, refused (benchmarks/bench_int8_range.py)
 INT8_WEIGHTS = {
     "u8": ("QUInt8", False),
     "s8": ("QInt8", False),

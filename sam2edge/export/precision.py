@@ -16,8 +16,8 @@ graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
               graphs keep fp32 weights (``FP32_KEPT``).
 
 ``FP32_KEPT[target][precision]`` (``export.kept``) lists, for the card, what a target's reduced-precision
-export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs behind them (issue 15,
-notes/issue-15.md).
+export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs behind them
+(docs/design/precision.md).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ REWRITTEN = {
 # -> (worst, median). litert: fp16 weights, fp32 arithmetic (today's form of every target); onnx and executorch:
 # their former fp16-arithmetic encoders (``fp16_compute``), before they moved to fp16 storage with fp32 compute
 FP16_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
-    "litert": {  # fp32 decoder weights (session 15; notes/issue-19.md)
+    "litert": {  # fp32 decoder weights (docs/design/precision.md)
         "synthetic:3": (0.9982, 0.9997),
         "synthetic:1": (0.9989, 0.9997),
         "synthetic:3:range4": (0.9983, 0.9997),

@@ -50,11 +50,11 @@ class Rewrites:
     upscale_layout: str = "nchw"
     # Hiera's query / shortcut pooling on (B, H, W, C): "max_pool" permutes to NCHW for max_pool2d and back;
     # "maxima" takes elementwise maxima of the window's row and column slices in place (exact; an ExecuTorch
-    # encoder spends 212 -> 119 ms in layout transposes at 1024 px, notes/issue-16.md, session 28)
+    # encoder spends 212 -> 119 ms in layout transposes at 1024 px, docs/design/encoder.md)
     q_pool: str = "max_pool"
     # Hiera's q/k/v projection: "fused" is one (C_in -> 3C) Linear whose output is sliced into q, k and v;
     # "split" multiplies by the three row blocks of the same weight, cut once at load (exact: the same dot
-    # products, no slice copies; an ExecuTorch encoder 1828 -> 1737 ms at 1024 px, notes/issue-16.md, session 29)
+    # products, no slice copies; an ExecuTorch encoder 1828 -> 1737 ms at 1024 px, docs/design/encoder.md)
     qkv: str = "fused"
 
     def __post_init__(self) -> None:
@@ -229,7 +229,7 @@ def _normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
     The centred values are multiplied by 1/sqrt(C) before squaring, so the sum of squares
     equals the mean of squares without ever materialising C-times larger partial values
     (the fp16 overflow guard of the reference encoder card). It still overflows fp16 once
-    |x - mean| > 256 * sqrt(C) (1448 at C = 32, 4096 at C = 256), see ``_normalize_scaled`` (issue 15).
+    |x - mean| > 256 * sqrt(C) (1448 at C = 32, 4096 at C = 256), see ``_normalize_scaled``.
     """
     c = x.shape[dim]
     xc = x - x.mean(dim, keepdim=True)

@@ -64,6 +64,9 @@ class MaskData:
 class Sam2AutomaticMaskGenerator:
     """Upstream ``SAM2AutomaticMaskGenerator``'s parameters and results, over a ``Sam2Predictor``.
 
+    ``points_per_side`` n puts an n x n grid of single-click prompts on the image (or each crop), decoded
+    ``points_per_batch`` at a time; ``point_grids``: explicit (M, 2) grids in [0, 1] x [0, 1] crop coordinates.
+
     ``min_mask_region_area`` > 0 fills background holes and removes foreground islands of at most that
     many low-res pixels before upscaling, as upstream's predictor does with ``max_hole_area`` and
     ``max_sprinkle_area`` (connected components by scipy instead of upstream's CUDA kernel).
@@ -129,7 +132,10 @@ class Sam2AutomaticMaskGenerator:
     # ---- public ------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, image, features: Features | None = None) -> list[dict]:
-        """HxWx3 uint8 RGB (or a PIL image) -> one record per mask (module docstring for the keys).
+        """(H, W, 3) uint8 RGB array (or a PIL image) -> one dict per mask with upstream's keys: ``segmentation``
+        ((H, W) bool, or an RLE dict per ``output_mode``), ``area`` (pixels), ``bbox`` [x, y, w, h] pixels from the
+        top-left corner, ``predicted_iou``, ``point_coords`` [[x, y]] pixels, ``stability_score``, ``crop_box``
+        [x, y, w, h]. See the module docstring.
         ``features``: the whole image's decoder-ready features, if already encoded (the uncropped layer then
         skips the encoder; crops are encoded as always)."""
         image = to_rgb_array(image)

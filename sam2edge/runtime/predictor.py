@@ -32,6 +32,14 @@ class PredictorError(InputError):
 
 
 class Sam2Predictor:
+    """Upstream ``SAM2ImagePredictor``'s API over the eager model or an exported bundle.
+
+    Build it with ``from_checkpoint`` or ``from_export``; ``set_image`` encodes a photo once, then every
+    ``predict`` decodes one prompt. Coordinates are (x, y) pixels of the original image, origin at the top-left
+    corner, unless ``normalize_coords=False`` (then in the model's ``image_size`` x ``image_size`` input frame).
+    ``e`` below is ``cfg.image_embedding_size`` (64 at 1024 px), so low-res masks are 4e x 4e (256 x 256).
+    """
+
     def __init__(self, backend: Backend, provenance: dict | None = None) -> None:
         self.backend = backend
         self.cfg: Sam2Config = backend.cfg
@@ -70,13 +78,15 @@ class Sam2Predictor:
 
     # ---- upstream API -------------------------------------------------------------------
     def reset_predictor(self) -> None:
+        """Forget the set image (``predict`` then refuses until ``set_image``)."""
         self._features: Features | None = None
         self._orig_hw: tuple[int, int] | None = None
         self._is_image_set = False
 
     @torch.no_grad()
     def set_image(self, image: np.ndarray | Image.Image) -> None:
-        """Embed an HxWx3 uint8 RGB array or any PIL image (EXIF orientation applied)."""
+        """Encode ``image``: an (H, W, 3) uint8 RGB array or any PIL image (EXIF orientation applied); H and W
+        define the pixel frame of every later prompt and mask."""
         rgb = check_image_array(to_rgb_array(image))  # a refused image leaves the current one set
         self.reset_predictor()
         self._orig_hw = rgb.shape[:2]
@@ -85,6 +95,7 @@ class Sam2Predictor:
         self._is_image_set = True
 
     def get_image_embedding(self) -> torch.Tensor:
+        """The set image's embedding: float32 tensor (1, 256, e, e)."""
         self._require_image()
         return torch.from_numpy(self._features.image_embed)
 
@@ -98,8 +109,21 @@ class Sam2Predictor:
         return_logits: bool = False,
         normalize_coords: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """-> (masks CxHxW float32 0/1 (as upstream) or logits, iou_predictions C,
-        low_res_masks Cx4ex4e logits clamped to +-32)."""
+        """Decode one prompt on the set image.
+
+        Args:
+            point_coords: (N, 2) float (x, y) clicks in original-image pixels (see the class docstring).
+            point_labels: (N,) int: 1 object, 0 background (upstream's -1 pad and 2 / 3 box corners accepted).
+            box: (4,) or (1, 4) float X0, Y0, X1, Y1 in the same pixel frame.
+            mask_input: (1, 4e, 4e) float32 low-res logits, e.g. a previous call's ``low_res_masks[i:i+1]``.
+            multimask_output: True -> C = 3 candidates; False -> C = 1.
+            return_logits: masks as float logits instead of 0/1.
+            normalize_coords: False when coordinates are already in the model's input frame.
+
+        Returns:
+            (masks (C, H, W) float32 0/1 (as upstream) or logits at the original image size,
+            iou_predictions (C,) float32, low_res_masks (C, 4e, 4e) float32 logits clamped to +-32).
+        """
         self._require_image()
         side = 4 * self.cfg.image_embedding_size
         point_coords, point_labels, box, mask = check_prompt(point_coords, point_labels, box, mask_input, side)

@@ -13,7 +13,7 @@ everything else (frame selection, object bookkeeping, mask selection) in numpy:
   downsample_mask(mask 1x1xSxS)                      -> 1x1x4ex4e
 
 plus the constant ``no_obj_ptr`` (1xC). ``EagerVideoBackend`` runs the PyTorch model in fp32; exported
-graphs (issue 18) implement the same protocol.
+graphs implement the same protocol.
 """
 
 from __future__ import annotations

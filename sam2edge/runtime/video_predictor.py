@@ -60,6 +60,10 @@ class VideoState:
 
 
 class Sam2VideoPredictor:
+    """Upstream ``SAM2VideoPredictor``'s API over the eager model or a ``--video`` bundle: ``init_state``, prompts on
+    any frame, then ``propagate_in_video``. Coordinates are (x, y) pixels of the original frames (H x W), origin
+    at the top-left corner, unless ``normalize_coords=False`` (then in the model's ``image_size`` square frame)."""
+
     def __init__(self, backend: VideoBackend, provenance: dict | None = None, fill_hole_area: int = 8) -> None:
         self.backend = backend
         self.fill_hole_area = fill_hole_area  # fill background holes of <= this many low-res pixels (0: off)
@@ -136,7 +140,10 @@ class Sam2VideoPredictor:
         normalize_coords: bool = True,
         box=None,
     ):
-        """Points (Nx2, labels 1 fg / 0 bg) and/or a box on one frame -> (frame_idx, obj_ids, masks)."""
+        """Points and/or a box for object ``obj_id`` (any int) on frame ``frame_idx`` -> (frame_idx, obj_ids, masks).
+
+        points: (N, 2) float (x, y) pixels; labels: (N,) int, 1 object / 0 background; box: (4,) float X0, Y0, X1,
+        Y1 pixels. masks: float32 tensor (num_objects, 1, H, W) logits at the video's size, > 0 is the object."""
         state = inference_state
         frame_idx, points, labels, box = check_video_prompt(frame_idx, state.num_frames, obj_id, points, labels, box)
         coords, labs = self._prompt_points(state, points, labels, box, clear_old_points, normalize_coords)
@@ -152,7 +159,8 @@ class Sam2VideoPredictor:
         return self.add_new_points_or_box(*args, **kwargs)
 
     def add_new_mask(self, inference_state: VideoState, frame_idx: int, obj_id: int, mask):
-        """A binary HxW mask on one frame (used as that frame's output, as upstream)."""
+        """A binary (H, W) mask (bool or 0/1, the video's size) for ``obj_id`` on one frame (used as that frame's
+        output, as upstream) -> (frame_idx, obj_ids, masks (num_objects, 1, H, W) logits)."""
         state = inference_state
         frame_idx, _ = check_index("frame_idx", frame_idx, state.num_frames), check_int("obj_id", obj_id)
         m = torch.as_tensor(check_mask_2d("mask", mask))
@@ -266,7 +274,9 @@ class Sam2VideoPredictor:
         max_frame_num_to_track: int | None = None,
         reverse: bool = False,
     ) -> Iterator[tuple[int, list[int], torch.Tensor]]:
-        """Yield (frame_idx, obj_ids, video_res_masks (num_objects, 1, H, W) logits) frame by frame."""
+        """Yield (frame_idx, obj_ids, video_res_masks) frame by frame: masks a float32 tensor (num_objects, 1, H, W)
+        of logits at the video's size (> 0 is the object), objects in ``obj_ids`` order; ``reverse`` runs backwards
+        from ``start_frame_idx`` (default: the first prompted frame)."""
         state = inference_state
         self.propagate_in_video_preflight(state)
         n = state.num_frames

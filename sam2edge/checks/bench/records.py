@@ -3,15 +3,19 @@ printed table (``bench.bench``)."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import os
 import platform
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-import torch
-
 from sam2edge.bundle import write_json
+
+SCHEMA = "sam2edge.record/1"  # the common record every benchmark writes and ``sam2edge report`` renders
 
 UPSTREAM = "upstream-eager"
 PEER = "peer-onnx"  # record ``runtime`` of the peer's export (``checks.bench.peer``)
@@ -81,6 +85,8 @@ def cpu_model(cpuinfo: str) -> str | None:
 def machine(cpuinfo: str | None = None) -> dict:
     """What the numbers were measured on: the CPU model and its vector extensions (from ``cpuinfo``, by
     default /proc/cpuinfo), cores, OS, Python and torch versions."""
+    import torch
+
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -225,3 +231,84 @@ def _mm(s: dict) -> str:
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    """The checkout's commit (``+dirty`` when tracked files differ), or ``unknown`` outside a git checkout."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def command_line() -> str:
+    """This process's command line as a shell would take it: ``python benchmarks/bench_x.py ...`` for a script,
+    ``sam2edge bench ...`` for the console command (``-m sam2edge`` included)."""
+    head = sys.argv[0]
+    if head.endswith("__main__.py"):
+        return shlex.join(["sam2edge", *sys.argv[1:]])
+    if head.endswith(".py"):
+        return shlex.join(["python", head, *sys.argv[1:]])
+    return shlex.join([Path(head).name, *sys.argv[1:]])
+
+
+def from_bench(rec: dict) -> dict:
+    """A ``sam2edge bench`` record (kind ``bench``) in the common schema: table = resolution and thread count, row =
+    subject, figures = medians (encoder, click, first click), load time, peak RSS and the ratios. A record
+    written before bench records named their command keeps ``command`` None (``sam2edge report`` refuses it)."""
+    figures = {
+        "encoder_ms": rec["encoder_ms"]["median"],
+        "click_ms": rec["decoder_ms"]["median"],
+        "first_click_ms": rec["first_click_ms"]["median"],
+        **{f"{k}_x": v for k, v in rec.get("ratios", {}).items()},
+        "load_s": rec["load_s"],
+        "peak_rss_mb": rec["peak_rss_mb"],
+    }
+    version = rec.get("version", "").removeprefix("sam2edge ")
+    return {
+        "schema": SCHEMA,
+        "table": f"{rec['resolution']} px, {rec['threads']} threads ({rec['runs']} interleaved runs)",
+        "row": rec["subject"],
+        "figures": figures,
+        "command": rec.get("command"),
+        "date": rec["date"],
+        "machine": rec["machine"],
+        "sam2edge": {"version": version, "commit": rec.get("commit", "unknown")},
+    }
+
+
+def make_record(table: str, row: str, figures: dict, command: str | None = None, **extra) -> dict:
+    """A record in the common schema: which table and row it fills, every figure (name -> number; the name's
+    suffix is its unit: ``_ms``, ``_mb``, ``_x`` ratio), the command that measured it (default: this process's
+    command line), the date (UTC), the machine (``machine()``), sam2edge's version and commit. ``extra`` keys
+    (e.g. ``threads``, ``notes``) are kept as they are."""
+    from sam2edge import __version__
+
+    return {
+        "schema": SCHEMA,
+        "table": table,
+        "row": row,
+        "figures": dict(figures),
+        "command": command or command_line(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "sam2edge": {"version": __version__, "commit": git_commit()},
+        **extra,
+    }
+
+
+def write_record(rec: dict, folder: str | Path) -> Path:
+    """Write ``rec`` (``make_record``) as ``folder/<date>__<table>__<row>.json``; never over an existing file
+    (a numbered suffix is added instead)."""
+    slug = "__".join(re.sub(r"[^A-Za-z0-9.]+", "-", rec[k]).strip("-").lower() for k in ("date", "table", "row"))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    p, n = folder / f"{slug}.json", 1
+    while p.exists():
+        n += 1
+        p = folder / f"{slug}__{n}.json"
+    write_json(p, rec)
+    return p

@@ -6,7 +6,7 @@ A bundle is measured against eager fp32 with upstream's operations (``measure.me
   int8  end-to-end mask IoU worst >= 0.95
 Video bundles (``--video``; ``video.measure_video``: a two-object clip with a correction and reverse
 propagation, mask IoU per frame vs eager fp32): fp32 worst >= 0.999; fp16 and int8 worst >= 0.95, median >= 0.99
-(the issue's reduced-precision clip bars; int8 quantises only the frame encoder).
+(the reduced-precision clip bars; int8 quantises only the frame encoder).
 Any NaN / inf in a measured output (or among the metrics) fails, whatever the bars: NaN never passes.
 """
 

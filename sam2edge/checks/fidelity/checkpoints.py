@@ -24,7 +24,7 @@ from sam2edge.errors import UserError
 from sam2edge.weights import synthetic_state_dict
 
 # test-small's encoder with the decoder of every SAM 2.1 size (d_model 256, 8 heads, MLP 2048): the cheapest
-# config where the fp16 decoder's gradual precision loss shows (issue 15: median mask IoU 0.9985 < 0.999 for
+# config where the fp16 decoder's gradual precision loss shows (measured: median mask IoU 0.9985 < 0.999 for
 # synthetic:3 with an fp16 decoder; test-small's 32-wide decoder loses less and passed on every seed tried)
 TEST_SMALL_WIDE_DECODER = replace(
     TEST_SMALL,

@@ -69,7 +69,7 @@ _NO_ADAPTER = ("No adapters found", "Found no drivers", "Failed to initialize We
 # longer on a software GPU (the full-size encoder on SwiftShader, 2 cores) is then run on the GPU in pieces.
 _DEADLINE = ("Timed out waiting for future", "Failed to lock custom tensor buffer")
 FIRST_SEGMENTS = 4  # equal node ranges to start with; one that misses the deadline is halved and retried
-# SwiftShader on 2 cores runs these graphs 34-67x slower than XNNPACK (full-size Hiera-Tiny, session 17: memory
+# SwiftShader on 2 cores runs these graphs 34-67x slower than XNNPACK (full-size Hiera-Tiny, measured: memory
 # encoder 7.16 s vs 0.11 s, video decoder 5.17 s vs 0.077 s, memory attention ~325 s vs 9.5 s). A graph whose CPU
 # run predicts a GPU run past PIECE_BUDGET_S skips the whole-graph GPU run (it would wait out the 2-min deadline
 # for nothing): residency from loading the whole graph, numerics from pieces sized to the budget.

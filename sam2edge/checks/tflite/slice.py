@@ -159,7 +159,7 @@ def dynamic_weight_products(model) -> list[int]:
 
     litert-torch lowers ``q @ k^T`` with a transposed right operand as a FULLY_CONNECTED with ``k`` as its
     weights. XNNPACK takes only constant weights, so the builtin kernel runs such a node several times slower
-    than a BATCH_MATMUL (full-size memory attention: 1.4 s against 0.18 s per score product, session 19)."""
+    than a BATCH_MATMUL (full-size memory attention: 1.4 s against 0.18 s per score product)."""
     known, ops = _folded(model)[1], model.subgraphs[0].operators
     return [i for i in sorted(_fc_ops(model)) if int(ops[i].inputs[1]) not in known]
 
@@ -223,10 +223,10 @@ def _risky_outputs(
     Measured on LiteRT 2.3's GPU delegate (SwiftShader): a LayerNorm's closing ADD, read by one
     FULLY_CONNECTED inside the piece and by operators after it, is merged into that reader and never written
     out: its value comes back wrong (a decoder: cosine 0.07 vs the CPU; the full-size memory attention cut
-    after node 191: cosine 0.0, which made the chained check report a false mismatch, notes/issue-18.md,
-    session 25). Outputs with no reader or several readers inside the piece came back exact, and so did those
+    after node 191: cosine 0.0, which made the chained check report a false mismatch,
+    docs/design/gpu.md). Outputs with no reader or several readers inside the piece came back exact, and so did those
     whose one reader there is an ADD, MUL, CONCATENATION or RESHAPE, or a FULLY_CONNECTED reading the sum of
-    two computed tensors (the memory plus its positions: memory attention, session 25).
+    two computed tensors (the memory plus its positions: memory attention).
     """
     fc, reads_const = risk
     count = fused = 0
