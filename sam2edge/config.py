@@ -188,6 +188,30 @@ class Sam2VideoConfig:
     sigmoid_scale: float = 20.0  # memory-encoder mask: sigmoid(logits) * scale + bias
     sigmoid_bias: float = -10.0
     no_obj_score: float = -1024.0  # mask logits written where the object is judged absent
+    ptr_tpos_enc: bool = True  # pointers get a projected temporal sine encoding (add/proj_tpos_enc_in_obj_ptrs)
+    no_obj_embed_spatial: bool = True  # a learned embedding is added to the memory of a frame judged "no object"
+    # --- EdgeTAM's spatial perceiver (perceiver_layers 0: none, a memory frame is e*e tokens) ---
+    perceiver_layers: int = 0  # PerceiverEncoderLayers (cross-attention, FF, self-attention, FF)
+    perceiver_latents: int = 0  # global latents (read the whole memory; no RoPE in the memory attention)
+    perceiver_latents_2d: int = 0  # 2-D latents on a square grid, each reading its own window of the memory
+    perceiver_dim_head: int = 64  # channels per perceiver head (heads x dim_head = mem_dim)
+    perceiver_heads: int = 1  # perceiver attention heads
+    perceiver_ff_mult: int = 4  # perceiver FF hidden = mem_dim * ff_mult
+    perceiver_self_attn: bool = True  # self-attention + FF among the latents in every layer
+    # cross-attention RoPE grids (upstream RoPEAttentionv2 q_sizes / k_sizes); 0: the frame's grid for both (SAM
+    # 2.1's RoPEAttention with rope_k_repeat); the query grid must be the frame's e x e grid
+    cross_rope_q_grid: int = 0
+    cross_rope_k_grid: int = 0  # side of the 2-D latents' grid; the global latents of a frame get no RoPE
+
+    @property
+    def memory_tokens(self) -> int | None:
+        """Tokens of one memory frame after the perceiver (L + G*G); None without a perceiver (e*e)."""
+        return self.perceiver_latents + self.perceiver_latents_2d if self.perceiver_layers else None
+
+    def memory_frame_shape(self, e: int) -> tuple[int, ...]:
+        """Shape of one object's memory frame: (M, e, e) spatial, or (L + G*G, M) perceiver tokens."""
+        n = self.memory_tokens
+        return (self.mem_dim, e, e) if n is None else (n, self.mem_dim)
 
 
 VIDEO_TINY = Sam2VideoConfig()
@@ -195,9 +219,39 @@ VIDEO_TINY = Sam2VideoConfig()
 # test-small's d_model is 32: a pointer splits into 2 tokens of mem_dim 16.
 VIDEO_TEST_SMALL = Sam2VideoConfig(mem_dim=16, attn_layers=2, attn_mlp_dim=64)
 
+# configs/edgetam.yaml: memory attention of 2 layers (self RoPEAttention over the 64x64 frame grid, cross
+# RoPEAttentionv2 with q_sizes [64, 64], k_sizes [16, 16], kv_in_dim 64), spatial_perceiver (depth 2, dim 64,
+# dim_head 64, heads 1, ff_mult 4, 256 + 256 latents, use_self_attn, pos_enc_at_key_value, no concat_kv_latents),
+# add_tpos_enc_to_obj_ptrs false, no no_obj_embed_spatial; num_maskmem 7, memory encoder as SAM 2.1's.
+VIDEO_EDGETAM = Sam2VideoConfig(
+    attn_layers=2,
+    ptr_tpos_enc=False,
+    no_obj_embed_spatial=False,
+    perceiver_layers=2,
+    perceiver_latents=256,
+    perceiver_latents_2d=256,
+    cross_rope_q_grid=64,
+    cross_rope_k_grid=16,
+)
+
+# EdgeTAM's memory path at test-small widths (d_model 32, mem_dim 16) and 256 px (a 16x16 frame grid): 16 global
+# + 16 2-D latents on a 4x4 grid (4x4 windows), one perceiver head of 16 channels.
+VIDEO_EDGETAM_TEST = replace(
+    VIDEO_EDGETAM,
+    mem_dim=16,
+    attn_mlp_dim=64,
+    perceiver_latents=16,
+    perceiver_latents_2d=16,
+    perceiver_dim_head=16,
+    cross_rope_q_grid=16,
+    cross_rope_k_grid=4,
+)
+
 VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
     "sam2.1-hiera-tiny": VIDEO_TINY,
     "test-small": VIDEO_TEST_SMALL,
+    "edgetam": VIDEO_EDGETAM,
+    "test-small-edgetam": VIDEO_EDGETAM_TEST,
 }
 
 
