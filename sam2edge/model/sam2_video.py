@@ -183,11 +183,17 @@ class Sam2VideoModel(Sam2ImageModel):
         return masks, iou, obj, ptrs
 
     def encode_memory(
-        self, vision: torch.Tensor, low_res: torch.Tensor, binarize: torch.Tensor, score: torch.Tensor
+        self,
+        vision: torch.Tensor,
+        low_res: torch.Tensor,
+        binarize: torch.Tensor,
+        score: torch.Tensor,
+        latents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Memory of one frame: low-res mask logits upsampled to S, binarised (point prompts) or
         sigmoid, * scale + bias, fused with vision; no_obj_embed_spatial added where score <= 0 (SAM 2.1);
-        EdgeTAM: then compressed by the perceiver. Batched over objects (B, ...) -> (B, M, e, e) or (B, N, M)."""
+        EdgeTAM: then compressed by the perceiver (``latents``: its latents as an input, see
+        ``PerceiverResampler.forward``). Batched over objects (B, ...) -> (B, M, e, e) or (B, N, M)."""
         s = self.cfg.image_size
         hi = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)  # (1, 1, S, S)
         b = binarize.reshape(-1, 1, 1, 1)
@@ -198,7 +204,7 @@ class Sam2VideoModel(Sam2ImageModel):
             absent = 1.0 - (score > 0).to(feats.dtype).reshape(-1, 1, 1, 1)
             feats = feats + absent * self.no_obj_embed_spatial.reshape(1, -1, 1, 1)
         if self.spatial_perceiver is not None:
-            return self.spatial_perceiver(feats)  # (B, L + G*G, M)
+            return self.spatial_perceiver(feats, latents)  # (B, L + G*G, M)
         return feats
 
     def downsample_mask(self, mask: torch.Tensor) -> torch.Tensor:
