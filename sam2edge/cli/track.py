@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
     )
     p.add_argument(
-        "--config", default="sam2.1-hiera-tiny", choices=sorted(VIDEO_CONFIGS), help="model config (test-small: quick)"
+        "--config",
+        choices=sorted(VIDEO_CONFIGS),
+        help="model config (default: the one the checkpoint's tensors name, e.g. edgetam; test-small: quick)",
     )
 
 
@@ -70,9 +72,8 @@ def run(args: argparse.Namespace) -> int:
     frames = read_frames(args.video)
     h, w = frames[0].shape[:2]
     check_prompts(prompts, len(frames), w, h)
-    predictor = Sam2VideoPredictor.from_checkpoint(
-        args.checkpoint, get_config(args.config), get_video_config(args.config)
-    )
+    configs = (get_config(args.config), get_video_config(args.config)) if args.config else ()
+    predictor = Sam2VideoPredictor.from_checkpoint(args.checkpoint, *configs)
     if predictor.provenance.get("checkpoint") == "synthetic":
         print("WARNING: no --checkpoint given; SYNTHETIC weights, masks are meaningless.", file=sys.stderr)
     with tqdm(total=frames_to_track(len(frames), prompts, args.reverse), unit="frame", desc="track") as bar:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sam2edge.config import HIERA_TINY, VIDEO_TINY, Sam2Config, Sam2VideoConfig
+from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
@@ -71,13 +71,20 @@ class Sam2VideoPredictor:
     def from_checkpoint(
         cls,
         path_or_id: str | None = None,
-        cfg: Sam2Config = HIERA_TINY,
-        vcfg: Sam2VideoConfig = VIDEO_TINY,
+        cfg: Sam2Config | None = None,
+        vcfg: Sam2VideoConfig | None = None,
         fill_hole_area: int = 8,
     ) -> Sam2VideoPredictor:
-        """Eager fp32 predictor from a Meta .pt / HF .safetensors path, a hub id, or None (synthetic)."""
+        """Eager fp32 predictor from a Meta .pt / HF .safetensors path (SAM 2.1 or EdgeTAM), a hub id, or None
+        (synthetic). ``cfg`` / ``vcfg`` None: the model the checkpoint's tensor shapes name (Hiera-Tiny for
+        synthetic weights)."""
+        from sam2edge.config import get_config, get_video_config
+        from sam2edge.weights import checkpoint_config
         from sam2edge.weights.video import load_video_weights
 
+        if cfg is None or vcfg is None:
+            name = checkpoint_config(path_or_id)
+            cfg, vcfg = cfg or get_config(name), vcfg or get_video_config(name)
         sd, prov = load_video_weights(path_or_id, cfg, vcfg)
         return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov, fill_hole_area)
 
