@@ -32,6 +32,12 @@ class Sam2Config:
     q_stride: int = 2  # spatial stride at each pooled transition
     mlp_ratio: float = 4.0  # Hiera MLP hidden = dim * mlp_ratio
     patch_kernel: int = 7  # patch-embed conv kernel (stride 4, padding 3)
+    # --- trunk choice (EdgeTAM: "repvit"; the Hiera fields above are then unused) ---
+    trunk: str = "hiera"  # image trunk: "hiera" (SAM 2.1) or "repvit" (EdgeTAM's RepViT-M1, fields repvit_*)
+    repvit_dims: tuple[int, ...] = (48, 96, 192, 384)  # RepViT channels per stage (timm repvit_m1 embed_dim)
+    repvit_depths: tuple[int, ...] = (2, 2, 14, 2)  # RepViT blocks per stage after its downsample (timm depth)
+    repvit_mlp_ratio: int = 2  # RepViT channel mixer hidden = dim * ratio
+    repvit_kernel: int = 3  # RepViT depthwise kernel (token mixer, spatial downsample)
     # --- FPN neck ---
     d_model: int = 256  # FPN width = prompt/decoder width
     fpn_top_down_levels: tuple[int, ...] = (2, 3)  # levels that receive top-down features
@@ -51,7 +57,9 @@ class Sam2Config:
 
     @property
     def stage_dims(self) -> tuple[int, ...]:
-        """Channels per Hiera stage, stage 1 first."""
+        """Channels per trunk stage, stage 1 first (the FPN's backbone_channel_list reversed)."""
+        if self.trunk == "repvit":
+            return tuple(self.repvit_dims)
         return tuple(self.embed_dim * 2**i for i in range(len(self.stages)))
 
     @property
@@ -140,6 +148,15 @@ TEST_SMALL_L = replace(
     window_spec=(8, 4, 16, 8),
 )
 
+# EdgeTAM (configs/edgetam.yaml of the original code): timm repvit_m1 trunk (features of 48/96/192/384 channels at
+# strides 4/8/16/32), the FPN neck with backbone_channel_list [384, 192, 96, 48], top-down levels [2, 3], nearest,
+# scalp 1; prompt encoder and mask decoder as SAM 2.1's. Its memory path is VIDEO_EDGETAM below.
+EDGETAM = Sam2Config(trunk="repvit")
+
+# EdgeTAM at test-small's widths and 256 px: a narrow RepViT (16/32/64/128 channels; stage 1 holds an SE block and
+# a plain one, every later stage a downsample and one or two blocks), FPN width 32, test-small's decoder.
+TEST_SMALL_EDGETAM = replace(TEST_SMALL, trunk="repvit", repvit_dims=(16, 32, 64, 128), repvit_depths=(2, 1, 2, 1))
+
 CONFIGS: dict[str, Sam2Config] = {
     "sam2.1-hiera-tiny": HIERA_TINY,
     "sam2.1-hiera-small": HIERA_SMALL,
@@ -149,7 +166,12 @@ CONFIGS: dict[str, Sam2Config] = {
     "test-small-s": TEST_SMALL_S,
     "test-small-b+": TEST_SMALL_B_PLUS,
     "test-small-l": TEST_SMALL_L,
+    "edgetam": EDGETAM,
+    "test-small-edgetam": TEST_SMALL_EDGETAM,
 }
+
+# model family -> (full-size config, its reduced CI stand-in), beside the SAM 2.1 SIZES
+FAMILIES: dict[str, tuple[str, str]] = {"edgetam": ("edgetam", "test-small-edgetam")}
 
 # size -> (full-size config, its reduced-depth CI stand-in, upstream yaml under sam2/configs/sam2.1/)
 SIZES: dict[str, tuple[str, str, str]] = {
@@ -271,8 +293,8 @@ def config_name(cfg: Sam2Config) -> str:
 
 
 def model_id(name: str) -> str:
-    """The SAM 2.1 size a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
-    for full, reduced, _ in SIZES.values():
+    """The model a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
+    for full, reduced, *_ in (*SIZES.values(), *FAMILIES.values()):
         if name in (full, reduced):
             return full
     return name
