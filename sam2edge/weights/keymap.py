@@ -25,6 +25,7 @@ META_VIDEO_ONLY = (
     "no_mem_pos_enc",
     "no_obj_ptr",
     "no_obj_embed_spatial",
+    "spatial_perceiver.",  # EdgeTAM's memory compressor
 )
 
 HF_VIDEO_ONLY = (
