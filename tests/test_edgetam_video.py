@@ -10,11 +10,7 @@ fix for that; unpatched it raises, which the test records).
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,91 +19,61 @@ from sam2edge.config import TEST_SMALL, VIDEO_EDGETAM, VIDEO_EDGETAM_TEST, Sam2V
 from sam2edge.model import UPSTREAM, Rewrites
 from sam2edge.model.memory_attention import MemoryAttention
 from sam2edge.model.perceiver import PerceiverResampler
+from tests.edgetam_oracle import run_original
 
-ROOT = Path(__file__).resolve().parents[1]
-ORIGINAL = Path(os.environ.get("SAM2EDGE_EDGETAM_ORIGINAL", ROOT / ".venv" / "edgetam-original"))
 MAX_ABS = 2e-5  # fp32 vs fp32, same operations in another order
 
 
-def run_original(script: str, inputs: dict, tmp_path: Path) -> dict:
-    """Run ``script`` with the original EdgeTAM first on sys.path; it reads ``inputs`` (a dict of tensors and
-    numbers) as ``IN`` and leaves its results in the dict ``OUT``."""
-    if not (ORIGINAL / "sam2" / "modeling" / "perceiver.py").is_file():
-        pytest.fail(f"the original EdgeTAM code is not at {ORIGINAL}; run scripts/setup.sh")
-    src, dst = tmp_path / "in.pt", tmp_path / "out.pt"
-    torch.save(inputs, src)
-    body = textwrap.dedent(script)
-    code = (
-        f"import sys; sys.path[:0] = [{str(ORIGINAL)!r}, {str(ROOT)!r}]\n"
-        f"import torch\ntorch.set_num_threads(1)\nIN = torch.load({str(src)!r})\nOUT = {{}}\n"
-        f"{body}\ntorch.save(OUT, {str(dst)!r})\n"
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return torch.load(dst)
-
-
-PERTURB = """
-def perturb(module, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=g))
-    return module.eval()
-"""
-
-PERCEIVER = (
-    PERTURB
-    + """
-from sam2.modeling.perceiver import PerceiverResampler
+# every case runs in one child process (the original's import costs ~2 s per process)
+PERCEIVER = """
+import importlib
+import sam2.modeling.perceiver as pm
 from sam2.modeling.position_encoding import PositionEmbeddingSine
-import sam2.modeling.perceiver as perceiver_module
-torch.manual_seed(IN["seed"])
-m = perturb(PerceiverResampler(
-    dim=IN["dim"], depth=IN["depth"], dim_head=IN["dim_head"], heads=1, num_latents=IN["latents"],
-    num_latents_2d=IN["latents_2d"], ff_mult=4, hidden_dropout_p=0.0, attention_dropout_p=0.0,
-    pos_enc_at_key_value=True, concat_kv_latents=False, use_self_attn=True,
-    position_encoding=PositionEmbeddingSine(num_pos_feats=IN["dim"], normalize=True, temperature=10000),
-), IN["seed"] + 1)
-pe = PositionEmbeddingSine(num_pos_feats=IN["dim"], normalize=True, temperature=10000)
-x = IN["x"]
-pos = pe(x)
-OUT["state"] = m.state_dict()
+
+pm = importlib.reload(pm)  # the original module, without the oracle's fix
+OUT["cases"] = []
+for c in IN["cases"]:
+    torch.manual_seed(c["seed"])
+    m = perturb(pm.PerceiverResampler(
+        dim=c["dim"], depth=c["depth"], dim_head=c["dim_head"], heads=1, num_latents=c["latents"],
+        num_latents_2d=c["latents_2d"], ff_mult=4, hidden_dropout_p=0.0, attention_dropout_p=0.0,
+        pos_enc_at_key_value=True, concat_kv_latents=False, use_self_attn=True,
+        position_encoding=PositionEmbeddingSine(num_pos_feats=c["dim"], normalize=True, temperature=10000),
+    ), c["seed"] + 1)
+    x = c["x"]
+    pos = PositionEmbeddingSine(num_pos_feats=c["dim"], normalize=True, temperature=10000)(x)
+    out = {"state": m.state_dict()}
+    with torch.no_grad():
+        try:
+            m(x, pos)
+            out["unpatched"] = "ran"
+        except RuntimeError as e:
+            out["unpatched"] = str(e).splitlines()[0]
+    OUT["cases"].append(out)
+patch_perceiver()  # the oracle's one-word fix of forward_2d (``.view`` -> ``.reshape``)
 with torch.no_grad():
-    try:
-        m(x, pos)
-        OUT["unpatched"] = "ran"
-    except RuntimeError as e:
-        OUT["unpatched"] = str(e).splitlines()[0]
-    # the one-word fix of forward_2d (``.view`` -> ``.reshape`` on the expanded latents)
-    import inspect, textwrap as tw
-    src = tw.dedent(inspect.getsource(perceiver_module.PerceiverResampler.forward_2d))
-    fixed = src.replace("expand(B, -1, -1).view(-1, 1, C)", "expand(B, -1, -1).reshape(-1, 1, C)")
-    assert fixed != src
-    ns = {}
-    exec(fixed, perceiver_module.__dict__, ns)
-    perceiver_module.PerceiverResampler.forward_2d = ns["forward_2d"]
-    OUT["latents"], OUT["pos"] = m(x, pos)
+    for c, out in zip(IN["cases"], OUT["cases"]):
+        m = perturb(pm.PerceiverResampler(
+            dim=c["dim"], depth=c["depth"], dim_head=c["dim_head"], heads=1, num_latents=c["latents"],
+            num_latents_2d=c["latents_2d"], ff_mult=4, hidden_dropout_p=0.0, attention_dropout_p=0.0,
+            pos_enc_at_key_value=True, concat_kv_latents=False, use_self_attn=True,
+            position_encoding=PositionEmbeddingSine(num_pos_feats=c["dim"], normalize=True, temperature=10000),
+        ), 0)
+        m.load_state_dict(out["state"])
+        pos = PositionEmbeddingSine(num_pos_feats=c["dim"], normalize=True, temperature=10000)(c["x"])
+        out["latents"], out["pos"] = m(c["x"], pos)
 """
-)
+PERCEIVER_CASES = {  # id -> (video config, memory side, seed)
+    "reduced-seed0": (VIDEO_EDGETAM_TEST, 16, 0),
+    "reduced-seed1": (VIDEO_EDGETAM_TEST, 16, 1),
+    "edgetam-64x64": (VIDEO_EDGETAM, 64, 2),
+}
 
 
-def _perturbed_inputs(shape, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 100))
-
-
-@pytest.mark.parametrize(
-    ("vcfg", "side", "seed"),
-    [(VIDEO_EDGETAM_TEST, 16, 0), (VIDEO_EDGETAM_TEST, 16, 1), (VIDEO_EDGETAM, 64, 2)],
-    ids=["reduced-seed0", "reduced-seed1", "edgetam-64x64"],
-)
-@pytest.mark.parametrize("rw", [UPSTREAM, Rewrites()], ids=["upstream-ops", "export-forms"])
-def test_perceiver_matches_original(vcfg: Sam2VideoConfig, side: int, seed: int, rw: Rewrites, tmp_path):
-    """Three objects' memories at once: latents and their position encoding == the original (fixed) perceiver;
-    the unpatched original refuses a batch of three."""
+def _perceiver_case(vcfg: Sam2VideoConfig, side: int, seed: int) -> dict:
     m = vcfg.mem_dim
-    x = _perturbed_inputs((3, m, side, side), seed)
-    args = dict(
+    x = torch.randn(3, m, side, side, generator=torch.Generator().manual_seed(seed + 100))  # three objects
+    return dict(
         seed=seed,
         dim=m,
         depth=vcfg.perceiver_layers,
@@ -116,7 +82,23 @@ def test_perceiver_matches_original(vcfg: Sam2VideoConfig, side: int, seed: int,
         latents_2d=vcfg.perceiver_latents_2d,
         x=x,
     )
-    ref = run_original(PERCEIVER, args, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def perceiver_refs(tmp_path_factory) -> dict:
+    cases = {k: _perceiver_case(*v) for k, v in PERCEIVER_CASES.items()}
+    out = run_original(PERCEIVER, {"cases": list(cases.values())}, tmp_path_factory.mktemp("perceiver"))
+    return {k: (cases[k], ref) for k, ref in zip(cases, out["cases"])}
+
+
+@pytest.mark.parametrize("case", list(PERCEIVER_CASES))
+@pytest.mark.parametrize("rw", [UPSTREAM, Rewrites()], ids=["upstream-ops", "export-forms"])
+def test_perceiver_matches_original(perceiver_refs, case: str, rw: Rewrites):
+    """Three objects' memories at once: latents and their position encoding == the original (fixed) perceiver;
+    the unpatched original refuses a batch of three."""
+    vcfg, side, _ = PERCEIVER_CASES[case]
+    inputs, ref = perceiver_refs[case]
+    x, m = inputs["x"], vcfg.mem_dim
     assert "view size is not compatible" in ref["unpatched"], ref["unpatched"]
     ours = PerceiverResampler(
         m,
@@ -141,46 +123,41 @@ def test_perceiver_matches_original(vcfg: Sam2VideoConfig, side: int, seed: int,
     assert ref["latents"].std().item() > 0.1  # not a degenerate output
 
 
-MEMORY_ATTENTION = (
-    PERTURB
-    + """
+MEMORY_ATTENTION = """
 from sam2.modeling.memory_attention import MemoryAttention, MemoryAttentionLayer
 from sam2.modeling.sam.transformer import RoPEAttention, RoPEAttentionv2
-torch.manual_seed(IN["seed"])
-d, e, g = IN["d"], IN["e"], IN["g"]
-layer = MemoryAttentionLayer(
-    activation="relu",
-    cross_attention=RoPEAttentionv2(rope_theta=10000.0, q_sizes=[e, e], k_sizes=[g, g], embedding_dim=d,
-                                    num_heads=1, downsample_rate=1, dropout=0.1, kv_in_dim=IN["m"]),
-    d_model=d, dim_feedforward=IN["mlp"], dropout=0.1, pos_enc_at_attn=False,
-    self_attention=RoPEAttention(rope_theta=10000.0, feat_sizes=[32, 32], embedding_dim=d, num_heads=1,
-                                 downsample_rate=1, dropout=0.1),
-    pos_enc_at_cross_attn_keys=True, pos_enc_at_cross_attn_queries=False,
-)
-m = perturb(MemoryAttention(d_model=d, pos_enc_at_input=True, layer=layer, num_layers=IN["layers"]), IN["seed"] + 1)
-OUT["state"] = m.state_dict()
-with torch.no_grad():
-    OUT["out"] = m(curr=IN["curr"].transpose(0, 1), memory=IN["memory"].transpose(0, 1),
-                   curr_pos=IN["curr_pos"].transpose(0, 1), memory_pos=IN["memory_pos"].transpose(0, 1),
-                   num_obj_ptr_tokens=IN["ptr_tokens"], num_spatial_mem=IN["slots"]).transpose(0, 1)
+OUT["cases"] = []
+for c in IN["cases"]:
+    torch.manual_seed(c["seed"])
+    d, e, g = c["d"], c["e"], c["g"]
+    layer = MemoryAttentionLayer(
+        activation="relu",
+        cross_attention=RoPEAttentionv2(rope_theta=10000.0, q_sizes=[e, e], k_sizes=[g, g], embedding_dim=d,
+                                        num_heads=1, downsample_rate=1, dropout=0.1, kv_in_dim=c["m"]),
+        d_model=d, dim_feedforward=c["mlp"], dropout=0.1, pos_enc_at_attn=False,
+        self_attention=RoPEAttention(rope_theta=10000.0, feat_sizes=[32, 32], embedding_dim=d, num_heads=1,
+                                     downsample_rate=1, dropout=0.1),
+        pos_enc_at_cross_attn_keys=True, pos_enc_at_cross_attn_queries=False,
+    )
+    m = perturb(MemoryAttention(d_model=d, pos_enc_at_input=True, layer=layer, num_layers=c["layers"]), c["seed"] + 1)
+    with torch.no_grad():
+        out = m(curr=c["curr"].transpose(0, 1), memory=c["memory"].transpose(0, 1),
+                curr_pos=c["curr_pos"].transpose(0, 1), memory_pos=c["memory_pos"].transpose(0, 1),
+                num_obj_ptr_tokens=c["ptr_tokens"], num_spatial_mem=c["slots"]).transpose(0, 1)
+    OUT["cases"].append({"state": m.state_dict(), "out": out})
 """
-)
+ATTENTION_CASES = {  # id -> (video config, d_model, frame side e, memory frames, seed)
+    "reduced-3slots": (VIDEO_EDGETAM_TEST, 32, 16, 3, 0),
+    "reduced-7slots": (VIDEO_EDGETAM_TEST, 32, 16, 7, 1),
+    "edgetam-2slots": (VIDEO_EDGETAM, 256, 64, 2, 2),
+}
 
 
-@pytest.mark.parametrize(
-    ("vcfg", "d", "e", "slots", "seed"),
-    [(VIDEO_EDGETAM_TEST, 32, 16, 3, 0), (VIDEO_EDGETAM_TEST, 32, 16, 7, 1), (VIDEO_EDGETAM, 256, 64, 2, 2)],
-    ids=["reduced-3slots", "reduced-7slots", "edgetam-2slots"],
-)
-@pytest.mark.parametrize("rw", [UPSTREAM, Rewrites()], ids=["upstream-ops", "export-forms"])
-def test_memory_attention_matches_original(vcfg, d, e, slots, seed, rw, tmp_path):
-    """2 layers, self RoPE over the e x e frame, cross RoPEAttentionv2 over ``slots`` perceiver frames (global
-    latents unrotated, 2-D latents on the G x G grid) + pointer tokens (unrotated); two objects at once."""
-    cfg = dataclasses.replace(TEST_SMALL, d_model=d, image_size=16 * e)
+def _attention_case(vcfg: Sam2VideoConfig, d: int, e: int, slots: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed + 200)
-    n_tok, ptr_tokens, m = vcfg.memory_tokens, 3 * (d // vcfg.mem_dim), vcfg.mem_dim
-    nk = slots * n_tok + ptr_tokens
-    inputs = dict(
+    ptr_tokens, m = 3 * (d // vcfg.mem_dim), vcfg.mem_dim
+    nk = slots * vcfg.memory_tokens + ptr_tokens
+    return dict(
         seed=seed,
         d=d,
         e=e,
@@ -190,17 +167,33 @@ def test_memory_attention_matches_original(vcfg, d, e, slots, seed, rw, tmp_path
         layers=vcfg.attn_layers,
         slots=slots,
         ptr_tokens=ptr_tokens,
-        curr=torch.randn(2, e * e, d, generator=g),
+        curr=torch.randn(2, e * e, d, generator=g),  # two objects
         curr_pos=torch.randn(2, e * e, d, generator=g),
         memory=torch.randn(2, nk, m, generator=g),
         memory_pos=torch.randn(2, nk, m, generator=g),
     )
-    ref = run_original(MEMORY_ATTENTION, inputs, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def attention_refs(tmp_path_factory) -> dict:
+    cases = {k: _attention_case(*v) for k, v in ATTENTION_CASES.items()}
+    out = run_original(MEMORY_ATTENTION, {"cases": list(cases.values())}, tmp_path_factory.mktemp("attention"))
+    return {k: (cases[k], ref) for k, ref in zip(cases, out["cases"])}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+@pytest.mark.parametrize("rw", [UPSTREAM, Rewrites()], ids=["upstream-ops", "export-forms"])
+def test_memory_attention_matches_original(attention_refs, case: str, rw: Rewrites):
+    """2 layers, self RoPE over the e x e frame, cross RoPEAttentionv2 over ``slots`` perceiver frames (global
+    latents unrotated, 2-D latents on the G x G grid) + pointer tokens (unrotated); two objects at once."""
+    vcfg, d, e, slots, _ = ATTENTION_CASES[case]
+    inputs, ref = attention_refs[case]
+    cfg = dataclasses.replace(TEST_SMALL, d_model=d, image_size=16 * e)
     ours = MemoryAttention(cfg, vcfg, rw).eval()
     ours.load_state_dict(ref["state"], strict=True)
     with torch.no_grad():
         args = (inputs["curr"], inputs["curr_pos"], inputs["memory"], inputs["memory_pos"])
-        got = ours(*args, slots, torch.zeros(2, nk))
+        got = ours(*args, slots, torch.zeros(2, inputs["memory"].shape[1]))
     assert got.shape == ref["out"].shape == (2, e * e, d)
     assert (got - ref["out"]).abs().max().item() < MAX_ABS * 5
 
@@ -209,13 +202,10 @@ def test_memory_attention_matches_original(vcfg, d, e, slots, seed, rw, tmp_path
 # The original EdgeTAM predictor, built from modules (the reduced config) with the EdgeTAM yaml's flags plus the
 # video predictor's overrides; memories kept fp32 (its bfloat16 cast fails on a CPU), the perceiver's one-word
 # fix, and an 8-connected scipy stand-in for its CUDA connected components (so both fill holes as on a GPU).
-PREDICTOR = (
-    PERTURB
-    + """
+PREDICTOR = """
 import types
 import numpy as np
 import sam2.sam2_video_predictor as svp
-import sam2.modeling.perceiver as pm
 import sam2.utils.misc as misc
 
 
@@ -225,13 +215,6 @@ class Fp32Torch(types.ModuleType):
 
 
 svp.torch = Fp32Torch("torch")
-import inspect, textwrap as tw
-src = tw.dedent(inspect.getsource(pm.PerceiverResampler.forward_2d))
-fixed = src.replace("expand(B, -1, -1).view(-1, 1, C)", "expand(B, -1, -1).reshape(-1, 1, C)")
-assert fixed != src
-ns = {}
-exec(fixed, pm.__dict__, ns)
-pm.PerceiverResampler.forward_2d = ns["forward_2d"]
 
 
 def components(mask):
@@ -248,15 +231,15 @@ def components(mask):
 
 misc.get_connected_components = components
 svp.fill_holes_in_mask_scores = misc.fill_holes_in_mask_scores
-exec(IN["build"])  # -> model (the original SAM2VideoPredictor), unperturbed
-model = perturb(model, IN["seed"] + 4000)
-with torch.no_grad():
-    model.sam_mask_decoder.pred_obj_score_head.layers[-1].bias.add_(10.0)
+exec(IN["build"])  # -> model: the original SAM2VideoPredictor, perturbed, object score lifted
 OUT["state"] = model.state_dict()
 exec(IN["session"])
 OUT["steps"] = session(model, IN["folder"])
 """
-)
+
+BUILD_ORIGINAL = """
+model = build_original(IN["config"], IN["seed"], video=True)
+"""
 
 BUILD_FROM_MODULES = """
 from sam2.modeling.memory_attention import MemoryAttention, MemoryAttentionLayer
@@ -311,7 +294,9 @@ model = svp.SAM2VideoPredictor(
                                      dynamic_multimask_stability_thresh=0.98),
 )
 model.sam_prompt_encoder, model.sam_mask_decoder = image.sam_prompt_encoder, image.sam_mask_decoder
-model = model.eval()
+model = perturb(model.eval(), IN["seed"] + 4000)
+with torch.no_grad():
+    model.sam_mask_decoder.pred_obj_score_head.layers[-1].bias.add_(10.0)
 """
 
 # Two objects prompted on frame 0 (a click, a box), forward; both corrected on a tracked later frame (points on
