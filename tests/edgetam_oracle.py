@@ -221,6 +221,9 @@ def patch_perceiver() -> None:
 def prepare_child() -> None:
     """Every patch of the child: torchvision stand-in, offline timm, the perceiver fix; checks the ``sam2`` found
     is the original EdgeTAM's."""
+    # transformers decides once, at import, whether torchvision exists: before the stand-in (as tests/conftest.py)
+    import transformers.utils.import_utils  # noqa: F401
+
     install_torchvision_stand_in()
     import sam2
 
@@ -228,6 +231,36 @@ def prepare_child() -> None:
         raise RuntimeError(f"`sam2` resolved to {sam2.__file__}, not the original EdgeTAM under {ORIGINAL}")
     patch_timm()
     patch_perceiver()
+
+
+def hf_edgetam_model(seed: int = 0, video: bool = False):
+    """transformers' ``EdgeTamModel`` / ``EdgeTamVideoModel`` with EdgeTAM's vision config (RepViT-M1 through
+    ``TimmWrapperConfig``), seeded random init + ``perturb`` (child process only: timm runs on the stand-in)."""
+    import torch
+    import transformers
+    import transformers.utils.import_utils as iu
+
+    # transformers asks for torchvision before timm; timm itself runs here on the stand-in
+    iu.BACKENDS_MAPPING["timm"] = (lambda: True, iu.BACKENDS_MAPPING["timm"][1])
+    import timm
+    import transformers.models.timm_wrapper.modeling_timm_wrapper as wrapper
+
+    wrapper.timm = timm  # imported there only when transformers saw torchvision
+    backbone = transformers.TimmWrapperConfig(
+        architecture="repvit_m1", model_args={"in_chans": 3, "features_only": True, "out_indices": [0, 1, 2, 3]}
+    )
+    vision = transformers.EdgeTamVisionConfig(backbone_config=backbone)
+    torch.manual_seed(seed)
+    if video:
+        model = transformers.EdgeTamVideoModel(transformers.EdgeTamVideoConfig(vision_config=vision))
+    else:
+        model = transformers.EdgeTamModel(transformers.EdgeTamConfig(vision_config=vision))
+    perturb(model, seed + 5000)
+    with torch.no_grad():  # the prompt encoder's Gaussian matrix is tied to shared_image_embedding's; keep the tie
+        model.prompt_encoder.shared_embedding.positional_embedding.copy_(
+            model.shared_image_embedding.positional_embedding
+        )
+    return model
 
 
 def perturb(module, seed: int):

@@ -61,36 +61,85 @@ for seed in IN["seeds"]:
         for mm in (True, False):
             logits, iou, low = pred.predict(**kw, multimask_output=mm, return_logits=True)
             rows[(name, mm)] = (logits, iou, low)
-    OUT[seed] = dict(state=model.state_dict(), rows=rows, embed=pred.get_image_embedding().clone())
+    OUT.setdefault("predict", {})[seed] = dict(
+        state=model.state_dict(), rows=rows, embed=pred.get_image_embedding().clone()
+    )
 """
 
 TIMM = """
 import timm
-from timm.models import create_model
+create_model = timm.models.create_model.__wrapped__  # timm's own, without a reduced config's RepViT widths
 for name, kw, side, seed in IN["cases"]:
     torch.manual_seed(seed)
     m = perturb(create_model("repvit_m1", pretrained=False, features_only=True, out_indices=(0, 1, 2, 3), **kw), seed)
     x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(seed + 7))
     with torch.no_grad():
-        OUT[name] = dict(state=m.state_dict(), x=x, feats=m(x), channels=m.feature_info.channels())
+        feats = m(x)
+    OUT.setdefault("timm", {})[name] = dict(state=m.state_dict(), x=x, feats=feats, channels=m.feature_info.channels())
 """
 
 
-@pytest.fixture(scope="module")
-def original_reduced():
-    s = get_config("test-small-edgetam").image_size
-    inputs = dict(config="test-small-edgetam", seeds=SEEDS, image=_image(s), prompts=_prompts(s))
-    return inputs, run_original(PREDICT, inputs)
-
-
-@pytest.fixture(scope="module")
-def timm_features():
+def _timm_cases() -> list:
     cfg = get_config("test-small-edgetam")
-    cases = [
+    return [
         ("repvit_m1", {}, 128, 0),
         ("narrow", dict(embed_dim=cfg.repvit_dims, depth=cfg.repvit_depths), 96, 1),
     ]
-    return run_original(TIMM, dict(cases=cases))
+
+
+def _hf_inputs(folder) -> dict:
+    """transformers' EdgeTamModel (full size) on a 1024 px photo: clicks and a box in model-input pixels."""
+    from sam2edge.runtime.preprocess import preprocess
+
+    p = _prompts(1024)
+    pts = lambda kw: torch.tensor(kw["point_coords"], dtype=torch.float32)[None, None]  # noqa: E731
+    labels = lambda kw: torch.tensor(kw["point_labels"])[None, None]  # noqa: E731
+    prompts = {
+        "click": dict(input_points=pts(p["click"]), input_labels=labels(p["click"])),
+        "clicks+negative": dict(input_points=pts(p["clicks+negative"]), input_labels=labels(p["clicks+negative"])),
+        "box": dict(input_boxes=torch.tensor(p["box"]["box"], dtype=torch.float32)[None, None]),
+    }
+    (folder / "video").mkdir()
+    return dict(
+        hf_seed=3,
+        hf_path=str(folder / "model.safetensors"),
+        hf_video_path=str(folder / "video" / "model.safetensors"),
+        hf_pixels=preprocess(_image(1024), 1024),
+        hf_prompts=prompts,
+    )
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """Every original output this module compares with, from ONE child process: the original EdgeTAM predictor
+    (reduced config, both seeds), timm's repvit_m1, transformers' EdgeTamModel / EdgeTamVideoModel files."""
+    s = get_config("test-small-edgetam").image_size
+    inputs = dict(config="test-small-edgetam", seeds=SEEDS, image=_image(s), prompts=_prompts(s), cases=_timm_cases())
+    inputs.update(_hf_inputs(tmp_path_factory.mktemp("hf-edgetam")))
+    return inputs, run_original(PREDICT + TIMM + HF, inputs)
+
+
+@pytest.fixture(scope="module")
+def original_reduced(oracle):
+    inputs, out = oracle
+    return inputs, out["predict"]
+
+
+@pytest.fixture(scope="module")
+def timm_features(oracle):
+    return oracle[1]["timm"]
+
+
+@pytest.fixture(scope="module")
+def hf_files(oracle):
+    inputs, out = oracle
+    return dict(
+        image=_image(1024),
+        prompts=_prompts(1024),
+        rows=out["hf"],
+        image_file=inputs["hf_path"],
+        video_file=inputs["hf_video_path"],
+    )
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -196,3 +245,61 @@ def test_predictor_matches_original_full_size(tmp_path):
         cos, iou = _parity(inputs, out[seed], tmp_path)
         print(f"edgetam seed {seed}: worst low-res logits cosine {cos:.7f}, worst mask IoU {iou:.5f}")
         assert cos >= COSINE_MIN and iou >= IOU_MIN
+
+
+# ---------------------------------------------------------------- transformers' EdgeTamModel (Hugging Face layout)
+HF = """
+from safetensors.torch import save_file
+save = lambda m, path: save_file({k: v.detach().clone().contiguous() for k, v in m.state_dict().items()}, path)
+model = hf_edgetam_model(IN["hf_seed"])
+save(model, IN["hf_path"])
+rows = {}
+with torch.no_grad():
+    for name, kw in IN["hf_prompts"].items():
+        out = model(pixel_values=IN["hf_pixels"], multimask_output=True, **kw)
+        rows[name] = (out.pred_masks[0, 0], out.iou_scores[0, 0], out.object_score_logits[0, 0])
+OUT["hf"] = rows
+save(hf_edgetam_model(IN["hf_seed"] + 1, video=True), IN["hf_video_path"])
+"""
+
+
+def test_hf_layout_matches_transformers(hf_files):
+    """EdgeTamModel's safetensors through the strict HF key map (model detected from its tensors) == transformers'
+    own forward: low-res logits of clicks and a box (multimask) and their IoU predictions."""
+    ours = Sam2Predictor.from_checkpoint(str(hf_files["image_file"]))
+    assert ours.cfg == get_config("edgetam")
+    ours.set_image(hf_files["image"])
+    for name, (masks, iou, _) in hf_files["rows"].items():
+        _, got_iou, low = ours.predict(**hf_files["prompts"][name], multimask_output=True)
+        assert _cosine(low, masks.numpy()) >= COSINE_MIN, name
+        assert min(_iou(a, b) for a, b in zip(low, masks.numpy())) >= IOU_MIN, name
+        np.testing.assert_allclose(got_iou, iou.numpy(), rtol=0, atol=1e-4)
+
+
+def test_hf_video_layout_loads_the_image_path(hf_files):
+    """EdgeTamVideoModel's file (video parts included) loads strictly as the image model: video-only names are
+    known, nothing else is left over."""
+    from sam2edge.weights import load_weights
+    from sam2edge.weights.load import expected_shapes
+
+    sd, prov = load_weights(str(hf_files["video_file"]), get_config("edgetam"))
+    assert prov["format"] == "hf" and set(sd) == set(expected_shapes(get_config("edgetam")))
+
+
+def test_verify_official_accepts_edgetam(hf_files, tmp_path, capsys):
+    """verify-official: an edgetam.pt and the model.safetensors written from the same weights are bit-identical
+    on the image path; a tampered tensor is named."""
+    from sam2edge.cli.main import main
+    from sam2edge.weights import load_weights, save_checkpoint
+
+    sd, _ = load_weights(str(hf_files["image_file"]), get_config("edgetam"))
+    pt, st = tmp_path / "edgetam.pt", tmp_path / "model.safetensors"
+    save_checkpoint(sd, "meta", pt)
+    assert main(["verify-official", str(pt), str(hf_files["image_file"])]) == 0
+    out = capsys.readouterr().out
+    assert "edgetam: no official SHA-256 on record" in out and "bit-identical" in out
+    var = "image_encoder.trunk.body.stem.conv1.bn.running_var"
+    sd[var] = sd[var] * 1.001
+    save_checkpoint(sd, "hf", st)
+    assert main(["verify-official", str(pt), str(st)]) == 1
+    assert var in capsys.readouterr().out
