@@ -303,3 +303,78 @@ def test_verify_official_accepts_edgetam(hf_files, tmp_path, capsys):
     save_checkpoint(sd, "hf", st)
     assert main(["verify-official", str(pt), str(st)]) == 1
     assert var in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- commands and bad input (no EdgeTAM flag anywhere)
+@pytest.fixture(scope="module")
+def edgetam_pt(original_reduced, tmp_path_factory):
+    """The original (reduced) EdgeTAM's full state dict in the original repository's layout."""
+    path = tmp_path_factory.mktemp("edgetam-pt") / "edgetam.pt"
+    torch.save({"model": original_reduced[1][SEEDS[0]]["state"]}, path)
+    return path
+
+
+def _cli_error(capsys, argv) -> str:
+    from sam2edge.cli.main import main
+
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in "\n".join(err), err
+    return errors[0]
+
+
+def test_commands_take_an_edgetam_checkpoint(edgetam_pt, tmp_path, capsys):
+    """segment, everything, embed and serve run the EdgeTAM checkpoint with no model flag (detected from its
+    tensors)."""
+    from sam2edge.cli.main import main
+
+    mask, masks, store = tmp_path / "mask.png", tmp_path / "masks.json", tmp_path / "store"
+    ck = ["--checkpoint", str(edgetam_pt)]
+    seg = ["segment", "sample:astronaut.png", "--point", "200,150", *ck, "--out", str(mask)]
+    assert main([*seg, "--overlay", str(tmp_path / "seg-overlay.png")]) == 0
+    argv = ["everything", "sample:astronaut.png", *ck, "--points-per-side", "4", "--out", str(masks)]
+    assert main([*argv, "--overlay", str(tmp_path / "overlay.png")]) == 0
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    from PIL import Image
+
+    Image.fromarray(_image(256)).save(photos / "a.png")
+    assert main(["embed", str(photos), *ck, "--out", str(store), "--quiet"]) == 0
+    assert mask.is_file() and masks.is_file() and any(store.iterdir())
+    capsys.readouterr()
+    from sam2edge.serve.app import default_app_from_args
+
+    app = default_app_from_args(None, str(edgetam_pt), None)  # serve --checkpoint edgetam.pt
+    assert app.backend.cfg == get_config("test-small-edgetam")
+
+
+@pytest.mark.parametrize("damage", ["missing", "misshaped-mixer", "misshaped-bn"])
+def test_damaged_edgetam_checkpoint_names_the_tensor(damage, original_reduced, tmp_path, capsys):
+    sd = dict(original_reduced[1][SEEDS[0]]["state"])
+    name = {
+        "missing": "image_encoder.trunk.body.stages_2.blocks.1.channel_mixer.conv2.bn.running_var",
+        "misshaped-mixer": "image_encoder.trunk.body.stages_1.blocks.0.token_mixer.conv.c.weight",
+        "misshaped-bn": "image_encoder.trunk.body.stem.conv2.bn.weight",
+    }[damage]
+    if damage == "missing":
+        del sd[name]
+    else:
+        sd[name] = torch.zeros(3, *sd[name].shape[1:])
+    bad, out = tmp_path / "edgetam.pt", tmp_path / "mask.png"
+    torch.save({"model": sd}, bad)
+    argv = ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", str(bad), "--out", str(out)]
+    msg = _cli_error(capsys, argv)
+    assert name in msg and "EdgeTAM" in msg and not out.exists()
+    with pytest.raises(Exception) as e:  # the Python API: the same one line
+        Sam2Predictor.from_checkpoint(str(bad))
+    assert name in str(e.value) and "\n" not in str(e.value)
+
+
+def test_neither_sam21_nor_edgetam_is_one_line(tmp_path, capsys):
+    bad, out = tmp_path / "other.pt", tmp_path / "mask.png"
+    torch.save({"model": {"backbone.conv.weight": torch.zeros(8, 3, 3, 3), "head.bias": torch.zeros(2)}}, bad)
+    argv = ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", str(bad), "--out", str(out)]
+    msg = _cli_error(capsys, argv)
+    assert "no SAM 2.1 or EdgeTAM image encoder" in msg and str(bad) in msg and not out.exists()

@@ -101,6 +101,10 @@ def detect_config(sd: Mapping[str, torch.Tensor | tuple[int, ...]], source: str 
     """
     sig = shape_signature({k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in sd.items()})
     matches = [name for name, cfg in CONFIGS.items() if sig is not None and config_signature(cfg) == sig]
+    if not matches and sig is not None and sig[0] == "repvit":
+        # a damaged RepViT (a token mixer missing or mis-shaped): the one EdgeTAM config of that FPN width, so that
+        # the strict key map names the tensor instead of a shape summary
+        matches = [n for n, c in CONFIGS.items() if c.trunk == "repvit" and c.d_model == sig[3]][:1]
     if not matches:
         known = ", ".join(n for n in CONFIGS if not n.startswith("test-"))
         raise SizeError(
@@ -152,7 +156,7 @@ def check_size(sd: Mapping[str, torch.Tensor], cfg: Sam2Config, source: str) -> 
     A checkpoint that matches no size is left to the strict key map, which lists what is wrong.
     """
     sig = shape_signature({k: tuple(v.shape) for k, v in sd.items()})
-    if sig is None or sig == config_signature(cfg):
+    if sig is None or sig == config_signature(cfg) or sig not in {config_signature(c) for c in CONFIGS.values()}:
         return
     try:
         held = detect_config(sd, source)
