@@ -378,3 +378,77 @@ def test_neither_sam21_nor_edgetam_is_one_line(tmp_path, capsys):
     argv = ["segment", "sample:astronaut.png", "--point", "100,100", "--checkpoint", str(bad), "--out", str(out)]
     msg = _cli_error(capsys, argv)
     assert "no SAM 2.1 or EdgeTAM image encoder" in msg and str(bad) in msg and not out.exists()
+
+
+# ---------------------------------------------------------------- export through the same pipeline
+@pytest.fixture(scope="module")
+def litert_encoder(edgetam_pt, tmp_path_factory):
+    """The LiteRT encoder graph of the reduced EdgeTAM (the pipeline's own graph and converter)."""
+    pytest.importorskip("litert_torch")
+    from sam2edge.export.litert import convert_graph, graphs
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.weights import load_weights
+
+    cfg = get_config("test-small-edgetam")
+    sd, _ = load_weights(str(edgetam_pt), cfg)
+    model = build_sam2(cfg, Rewrites())
+    model.load_state_dict(sd)
+    module, sample = graphs(model, 8)[ENCODER_FILE]
+    path = tmp_path_factory.mktemp("litert-edgetam") / ENCODER_FILE
+    convert_graph(module, sample, path, "fp32")
+    with torch.no_grad():
+        want = module(**sample)
+    return path, sample, want
+
+
+def test_litert_encoder_is_lint_clean_and_exact(litert_encoder):
+    """No banned op, no tensor above rank 4, and the graph computes the eager encoder (fp32)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from sam2edge.checks.tflite.lint import lint_file
+
+    path, sample, want = litert_encoder
+    report = lint_file(path)
+    assert report.clean and report.max_rank <= 4, report.problems()
+    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    got = runner(**{k: v.numpy() for k, v in sample.items()})
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        assert _cosine(got[name], ref.numpy()) > 0.999999, name
+        assert np.abs(got[name] - ref.numpy()).max() <= 1e-4 * np.abs(ref.numpy()).max(), name
+
+
+def _export(target: str, ckpt, out, extra=()) -> dict:
+    from sam2edge.bundle import load_card
+    from sam2edge.cli.main import main
+
+    assert main(["export", "--target", target, "--checkpoint", str(ckpt), "--out", str(out), *extra]) == 0
+    card = load_card(out)
+    assert card["model_id"] == "edgetam" and card["config"] == "test-small-edgetam"
+    assert card["base_model"] == "facebook/EdgeTAM" and card["license"] == "apache-2.0"
+    assert card["status"] == "shippable" and card["fidelity"]["passed"]
+    return card
+
+
+def test_onnx_export_of_an_edgetam_checkpoint(edgetam_pt, tmp_path, capsys):
+    """sam2edge export --checkpoint edgetam.pt --target onnx: the bundle passes the export's fidelity bars; its card
+    names EdgeTAM, its license and its citation."""
+    from sam2edge.cli.main import main
+
+    out = tmp_path / "onnx"
+    _export("onnx", edgetam_pt, out)
+    assert main(["card", "render", str(out)]) == 0
+    readme = (out / "README.md").read_text()
+    assert "# EdgeTAM" in readme and "EdgeTAM: On-Device Track Anything Model" in readme and "apache-2.0" in readme
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["litert", "executorch"])
+def test_litert_and_executorch_exports_of_an_edgetam_checkpoint(edgetam_pt, tmp_path, target, capsys):
+    card = _export(target, edgetam_pt, tmp_path / target)
+    out = capsys.readouterr().out
+    if target == "litert":
+        assert card["extra"]["gpu_clean"] is True
+        assert "banned ops = NONE, >4-D tensors = 0" in out
