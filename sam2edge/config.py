@@ -1,4 +1,5 @@
-"""Model configuration: the SAM 2.1 Hiera family (tiny, small, base-plus, large), as frozen dataclasses.
+"""Model configuration: the SAM 2.1 Hiera family (tiny, small, base-plus, large) and EdgeTAM (a RepViT-M1 trunk,
+``trunk="repvit"``), as frozen dataclasses.
 
 Every number of ``HIERA_TINY`` / ``HIERA_SMALL`` / ``HIERA_BASE_PLUS`` / ``HIERA_LARGE`` is that of
 upstream ``configs/sam2.1/sam2.1_hiera_{t,s,b+,l}.yaml`` (``trunk`` and ``neck``; a field the yaml

@@ -7,7 +7,13 @@
   negative click, a box, box + click, multimask on and off; low-res logits cosine >= 0.99999 and mask IoU >= 0.999;
   two seeds. Reduced config in CI; full size under ``-m slow``.
 
-One child process per module and config computes every original output (session fixtures, cached).
+* Hugging Face layout: transformers' ``EdgeTamModel`` safetensors through the strict key map == transformers' own
+  forward (full size); ``EdgeTamVideoModel``'s file loads as the image model; ``verify-official`` takes both.
+* Commands (segment, everything, embed, serve) take an EdgeTAM checkpoint with no model flag; a damaged one is one
+  line naming the tensor; exports through the same pipeline (LiteRT encoder lint-clean and exact, ONNX bundle
+  shippable with an EdgeTAM card; LiteRT and ExecuTorch bundles under ``-m slow``).
+
+One child process per module computes every original output (a module fixture).
 """
 
 from __future__ import annotations
