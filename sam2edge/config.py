@@ -270,9 +270,21 @@ VIDEO_EDGETAM_TEST = replace(
     cross_rope_k_grid=4,
 )
 
+# sam2.1_hiera_{s,b+,l}.yaml hold the same memory path as sam2.1_hiera_t.yaml, field for field (diff of the
+# model.memory_attention / memory_encoder blocks, num_maskmem 7, the sigmoid scale / bias and every SAM2Base flag:
+# only comments differ; max_obj_ptrs_in_encoder is SAM2Base's default 16 in all four, and build_sam2_video_predictor
+# adds the same overrides to each). Only the image trunk tells the sizes apart.
+VIDEO_SMALL = VIDEO_BASE_PLUS = VIDEO_LARGE = VIDEO_TINY
+
 VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
     "sam2.1-hiera-tiny": VIDEO_TINY,
+    "sam2.1-hiera-small": VIDEO_SMALL,
+    "sam2.1-hiera-base-plus": VIDEO_BASE_PLUS,
+    "sam2.1-hiera-large": VIDEO_LARGE,
     "test-small": VIDEO_TEST_SMALL,
+    "test-small-s": VIDEO_TEST_SMALL,  # the reduced sizes share test-small's widths (d_model 32)
+    "test-small-b+": VIDEO_TEST_SMALL,
+    "test-small-l": VIDEO_TEST_SMALL,
     "edgetam": VIDEO_EDGETAM,
     "test-small-edgetam": VIDEO_EDGETAM_TEST,
 }

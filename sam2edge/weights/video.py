@@ -5,7 +5,9 @@
   (the original EdgeTAM ``edgetam.pt`` holds the same names).
 * HF ``.safetensors`` (transformers ``Sam2VideoModel`` names): ``VIDEO_HF_RULES`` rewrite a sam2edge
   video name into the HF name (checked against transformers' ``Sam2VideoModel`` state dict).
-Kept apart from ``load.py`` so the image loader stays as it is.
+Every SAM 2.1 size (``config.VIDEO_CONFIGS``) has the same memory-path names and shapes; the size is read from
+the image trunk's shapes (``sizes.detect_config``) as for the image path. Kept apart from ``load.py`` so the image
+loader stays as it is.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sam2edge.weights.load import (
     sha256_file,
     to_sam2edge,
 )
+from sam2edge.weights.sizes import check_size
 
 # (pattern, replacement) applied one after another with re.sub to a sam2edge video name.
 VIDEO_HF_RULES: tuple[tuple[str, str], ...] = (
@@ -115,6 +118,7 @@ def load_video_weights(
     if path == SYNTHETIC:
         return synthetic_video_state_dict(cfg, vcfg), {"checkpoint": SYNTHETIC, "format": SYNTHETIC, "sha256": None}
     sd, fmt = read_checkpoint(path)
+    check_size(sd, cfg, f"checkpoint {path}")  # another size than cfg: one line naming both
     image = {k: v for k, v in sd.items() if not k.startswith("spatial_perceiver.")}  # memory path, mapped below
     mapped = to_sam2edge(image, fmt, expected_shapes(cfg), str(path))
     mapped.update(map_video_tensors(sd, fmt, cfg, vcfg, str(path)))
