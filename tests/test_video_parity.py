@@ -21,13 +21,14 @@ IOU_MIN, COS_MIN = 0.999, 0.9999
 STAGE_COS_MIN = 0.99999  # per call of the memory attention / memory encoder (fp32 vs fp32)
 
 
-def _ours_from(upstream, cfg, vcfg) -> Sam2VideoPredictor:
+def _ours_from(upstream, cfg, vcfg, fill_hole_area: int = 0) -> Sam2VideoPredictor:
     """Our predictor with upstream's weights, through the Meta key map (identity names)."""
     sd = {k: v.detach().clone() for k, v in upstream.state_dict().items()}
     mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
     mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
-    # upstream's hole filling needs its CUDA extension and is skipped on CPU: compare with it off
-    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg), fill_hole_area=0)
+    # upstream's hole filling needs its CUDA extension and is skipped on CPU: compared with it off, except where
+    # upstream is given a CPU stand-in for its connected components (test_hole_filling_end_to_end)
+    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg), fill_hole_area=fill_hole_area)
 
 
 def _session(pred, folder, w, h, n):
@@ -253,6 +254,41 @@ def test_fill_holes_matches_upstream(monkeypatch):
         got = fill_holes(masks.numpy(), area)
         assert np.array_equal(got, ref.numpy()), area
         assert not np.array_equal(got, masks.numpy())
+
+
+def _scipy_components(mask: torch.Tensor):
+    """CPU stand-in for upstream's CUDA ``get_connected_components``: 8-connected labels and areas (scipy)."""
+    from scipy import ndimage
+
+    m = mask.to(torch.bool).numpy()
+    labels, areas = np.zeros(m.shape, np.int32), np.zeros(m.shape, np.int32)
+    for i in range(m.shape[0]):
+        lab, _ = ndimage.label(m[i, 0], structure=np.ones((3, 3), bool))
+        count = np.bincount(lab.ravel())
+        count[0] = 0
+        labels[i, 0], areas[i, 0] = lab, count[lab]
+    return torch.from_numpy(labels), torch.from_numpy(areas)
+
+
+def test_hole_filling_end_to_end(tmp_path, monkeypatch):
+    """With fill_hole_area = 8 (the default, as upstream's video predictor on CUDA), a whole session equals upstream
+    given a CPU stand-in for its CUDA connected components; with filling off, the masks differ (the filling shows)."""
+    import sam2.utils.misc as misc
+
+    monkeypatch.setattr(misc, "get_connected_components", _scipy_components)
+    w, h, n = 200, 150, 4
+    drifting_clip(tmp_path / "clip", n, (w, h))
+    upstream = upstream_video_predictor(TEST_SMALL, VIDEO_TEST_SMALL, seed=0)
+    assert upstream.fill_hole_area == 8
+    ours = _ours_from(upstream, TEST_SMALL, VIDEO_TEST_SMALL, fill_hole_area=8)
+    theirs = _short_session(upstream, tmp_path / "clip", w, h, n)
+    rows = _compare(_short_session(ours, tmp_path / "clip", w, h, n), theirs)
+    bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
+    assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
+    unfilled = _compare(
+        _short_session(_ours_from(upstream, TEST_SMALL, VIDEO_TEST_SMALL), tmp_path / "clip", w, h, n), theirs
+    )
+    assert min(r[3] for r in unfilled) < 0.999, "hole filling changed nothing on this clip: the test cannot fail"
 
 
 def _bank(upstream, cfg, vcfg, cond: set[int], frames: range, seed: int):

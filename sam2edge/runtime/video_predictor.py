@@ -6,8 +6,12 @@ Coordinate frames: ``points`` Nx2 (X, Y) and ``box`` XYXY are in video pixels
 ``> 0`` is the mask. Objects are tracked one at a time (batch 1), as upstream does.
 
 Differences from upstream: frames are uint8 at model resolution, normalised when encoded; the memory graph has
-fixed slots (``memory_bank``); upstream's ``fill_hole_area`` (8, CUDA-only, skipped on CPU by upstream) runs on
-the host (scipy, 8-connected; 0 turns it off). ``from_export``: the same API over an export bundle.
+fixed slots (``memory_bank``). Hole filling: the predictor fills small background holes (``fill_hole_area = 8``
+low-resolution pixels, 8-connected, on the host with scipy; 0 turns it off) as upstream's video predictor does on
+CUDA, while upstream on a CPU skips that step with a warning (its connected components are a CUDA kernel), so on
+a CPU upstream's masks can keep holes that ours fill (``tests/test_video_parity.py::test_hole_filling_end_to_end``
+compares a whole session with upstream given a CPU stand-in for its connected components).
+``from_export``: the same API over an export bundle.
 """
 
 from __future__ import annotations
