@@ -194,3 +194,18 @@ def test_track_bundle_refusals(clip, tmp_path, capsys, small_bundle, video_bundl
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
         assert not out.exists()
+
+
+def test_track_frames_of_two_sizes(clip, tmp_path, capsys):
+    """A clip whose frames change size: one line, exit 2, nothing written."""
+    import shutil
+
+    folder = tmp_path / "clip"
+    shutil.copytree(clip / "clip", folder)
+    with Image.open(folder / "00002.jpg") as im:
+        im.resize((W // 2, H // 2)).save(folder / "00002.jpg")
+    out = tmp_path / "m.json"
+    assert main(["track", str(folder), "--config", "test-small", "--point", "0:10,10", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "frames differ in size" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip"]
