@@ -180,3 +180,24 @@ def test_every_size_loads_from_its_checkpoint(tmp_path, size):
     assert (pred.backend.cfg, pred.backend.vcfg) == (cfg, vcfg)
     with pytest.raises(SizeError, match=re.escape(f"holds {reduced} weights but the config is test-small;")):
         Sam2VideoPredictor.from_checkpoint(str(path), TEST_SMALL, VIDEO_TEST_SMALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "base-plus", "large"])
+def test_upstream_full_size_video_model_loads(size):
+    """Upstream's own video model of each size (build_sam2_video_predictor from its yaml): its state dict names the
+    size (detect_config) and every tensor of the video model maps strictly into ours at that size."""
+    from sam2edge.config import SIZES, get_config, get_video_config
+    from sam2edge.weights.load import expected_shapes, to_sam2edge
+    from sam2edge.weights.sizes import detect_config
+    from sam2edge.weights.video import map_video_tensors
+    from tests.video_oracles import upstream_video_predictor
+
+    full, _, yaml = SIZES[size]
+    cfg, vcfg = get_config(full), get_video_config(full)
+    sd = upstream_video_predictor(cfg, vcfg, official_yaml=yaml).state_dict()
+    assert detect_config(sd) == full
+    mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
+    mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
+    model = build_sam2_video(cfg, vcfg)
+    assert model.load_state_dict(mapped, strict=True) is not None
