@@ -79,13 +79,14 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from sam2edge.runtime import track as job
+    from sam2edge.runtime.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
     from sam2edge.runtime.video_io import read_frames, video_fps
 
     prompts = list(args.point) + list(args.box)
-    job.refuse_existing(args.out, args.overlay)
+    refuse_existing(args.out, args.overlay)
     frames = read_frames(args.video)
     h, w = frames[0].shape[:2]
-    job.check_prompts(prompts, len(frames), w, h)
+    check_prompts(prompts, len(frames), w, h)
     job.check_span(args.start_frame, args.max_frames, len(frames))
     predictor = job.load_predictor(args.checkpoint, args.model, args.config)
     if predictor.provenance.get("checkpoint") == "synthetic":
@@ -94,19 +95,16 @@ def run(args: argparse.Namespace) -> int:
     span = dict(start=args.start_frame, max_frames=args.max_frames)
     tracked: dict[int, list[dict]] = {}  # frame -> COCO RLE per object (--out *.json)
     keep = (lambda f, ids, m: tracked.__setitem__(f, job.coco_masks(ids, m))) if job.is_json(args.out) else None
-    total = job.frames_to_track(len(frames), prompts, args.reverse, **span)
-    with tqdm(total=total, unit="frame", desc="track") as bar:
-        labels = job.track(predictor, frames, prompts, args.reverse, lambda _: bar.update(1), **span, on_masks=keep)
-    fps = video_fps(args.video)
+    with tqdm(total=frames_to_track(len(frames), prompts, args.reverse, **span), unit="frame", desc="track") as bar:
+        labels = track(predictor, frames, prompts, args.reverse, lambda _: bar.update(1), **span, on_masks=keep)
     if keep is None:
-        job.write_outputs(frames, labels, args.out, args.overlay, fps)
+        write_outputs(frames, labels, args.out, args.overlay, video_fps(args.video))
         print(f"masks:   {Path(args.out).resolve()} ({len(labels)} palette PNGs, pixel = object id)")
     else:
-        source = args.model or args.checkpoint or "synthetic"
         objects = sorted({p.obj_id for p in prompts})
-        doc = {"video": args.video, "size": [h, w], "model": source, "objects": objects}
-        doc["frames"] = [{"frame": f, "masks": tracked[f]} for f in sorted(tracked)]
-        job.write_json(doc, args.out, frames, labels, args.overlay, fps)
+        doc = {"video": args.video, "size": [h, w], "model": args.model or args.checkpoint or "synthetic"}
+        doc.update(objects=objects, frames=[{"frame": f, "masks": tracked[f]} for f in sorted(tracked)])
+        job.write_json(doc, args.out, frames, labels, args.overlay, video_fps(args.video))
         print(f"masks:   {Path(args.out).resolve()} (COCO RLE, {len(tracked)} frames x {len(objects)} objects)")
     if args.overlay:
         print(f"overlay: {Path(args.overlay).resolve()}")
