@@ -1,4 +1,5 @@
-"""Model configuration: the SAM 2.1 Hiera family (tiny, small, base-plus, large), as frozen dataclasses.
+"""Model configuration: the SAM 2.1 Hiera family (tiny, small, base-plus, large) and EdgeTAM (a RepViT-M1 trunk,
+``trunk="repvit"``), as frozen dataclasses.
 
 Every number of ``HIERA_TINY`` / ``HIERA_SMALL`` / ``HIERA_BASE_PLUS`` / ``HIERA_LARGE`` is that of
 upstream ``configs/sam2.1/sam2.1_hiera_{t,s,b+,l}.yaml`` (``trunk`` and ``neck``; a field the yaml
@@ -32,6 +33,12 @@ class Sam2Config:
     q_stride: int = 2  # spatial stride at each pooled transition
     mlp_ratio: float = 4.0  # Hiera MLP hidden = dim * mlp_ratio
     patch_kernel: int = 7  # patch-embed conv kernel (stride 4, padding 3)
+    # --- trunk choice (EdgeTAM: "repvit"; the Hiera fields above are then unused) ---
+    trunk: str = "hiera"  # image trunk: "hiera" (SAM 2.1) or "repvit" (EdgeTAM's RepViT-M1, fields repvit_*)
+    repvit_dims: tuple[int, ...] = (48, 96, 192, 384)  # RepViT channels per stage (timm repvit_m1 embed_dim)
+    repvit_depths: tuple[int, ...] = (2, 2, 14, 2)  # RepViT blocks per stage after its downsample (timm depth)
+    repvit_mlp_ratio: int = 2  # RepViT channel mixer hidden = dim * ratio
+    repvit_kernel: int = 3  # RepViT depthwise kernel (token mixer, spatial downsample)
     # --- FPN neck ---
     d_model: int = 256  # FPN width = prompt/decoder width
     fpn_top_down_levels: tuple[int, ...] = (2, 3)  # levels that receive top-down features
@@ -51,7 +58,9 @@ class Sam2Config:
 
     @property
     def stage_dims(self) -> tuple[int, ...]:
-        """Channels per Hiera stage, stage 1 first."""
+        """Channels per trunk stage, stage 1 first (the FPN's backbone_channel_list reversed)."""
+        if self.trunk == "repvit":
+            return tuple(self.repvit_dims)
         return tuple(self.embed_dim * 2**i for i in range(len(self.stages)))
 
     @property
@@ -140,6 +149,15 @@ TEST_SMALL_L = replace(
     window_spec=(8, 4, 16, 8),
 )
 
+# EdgeTAM (configs/edgetam.yaml of the original code): timm repvit_m1 trunk (features of 48/96/192/384 channels at
+# strides 4/8/16/32), the FPN neck with backbone_channel_list [384, 192, 96, 48], top-down levels [2, 3], nearest,
+# scalp 1; prompt encoder and mask decoder as SAM 2.1's. Its memory path is VIDEO_EDGETAM below.
+EDGETAM = Sam2Config(trunk="repvit")
+
+# EdgeTAM at test-small's widths and 256 px: a narrow RepViT (16/32/64/128 channels; stage 1 holds an SE block and
+# a plain one, every later stage a downsample and one or two blocks), FPN width 32, test-small's decoder.
+TEST_SMALL_EDGETAM = replace(TEST_SMALL, trunk="repvit", repvit_dims=(16, 32, 64, 128), repvit_depths=(2, 1, 2, 1))
+
 CONFIGS: dict[str, Sam2Config] = {
     "sam2.1-hiera-tiny": HIERA_TINY,
     "sam2.1-hiera-small": HIERA_SMALL,
@@ -149,7 +167,12 @@ CONFIGS: dict[str, Sam2Config] = {
     "test-small-s": TEST_SMALL_S,
     "test-small-b+": TEST_SMALL_B_PLUS,
     "test-small-l": TEST_SMALL_L,
+    "edgetam": EDGETAM,
+    "test-small-edgetam": TEST_SMALL_EDGETAM,
 }
+
+# model family -> (full-size config, its reduced CI stand-in), beside the SAM 2.1 SIZES
+FAMILIES: dict[str, tuple[str, str]] = {"edgetam": ("edgetam", "test-small-edgetam")}
 
 # size -> (full-size config, its reduced-depth CI stand-in, upstream yaml under sam2/configs/sam2.1/)
 SIZES: dict[str, tuple[str, str, str]] = {
@@ -188,6 +211,30 @@ class Sam2VideoConfig:
     sigmoid_scale: float = 20.0  # memory-encoder mask: sigmoid(logits) * scale + bias
     sigmoid_bias: float = -10.0
     no_obj_score: float = -1024.0  # mask logits written where the object is judged absent
+    ptr_tpos_enc: bool = True  # pointers get a projected temporal sine encoding (add/proj_tpos_enc_in_obj_ptrs)
+    no_obj_embed_spatial: bool = True  # a learned embedding is added to the memory of a frame judged "no object"
+    # --- EdgeTAM's spatial perceiver (perceiver_layers 0: none, a memory frame is e*e tokens) ---
+    perceiver_layers: int = 0  # PerceiverEncoderLayers (cross-attention, FF, self-attention, FF)
+    perceiver_latents: int = 0  # global latents (read the whole memory; no RoPE in the memory attention)
+    perceiver_latents_2d: int = 0  # 2-D latents on a square grid, each reading its own window of the memory
+    perceiver_dim_head: int = 64  # channels per perceiver head (heads x dim_head = mem_dim)
+    perceiver_heads: int = 1  # perceiver attention heads
+    perceiver_ff_mult: int = 4  # perceiver FF hidden = mem_dim * ff_mult
+    perceiver_self_attn: bool = True  # self-attention + FF among the latents in every layer
+    # cross-attention RoPE grids (upstream RoPEAttentionv2 q_sizes / k_sizes); 0: the frame's grid for both (SAM
+    # 2.1's RoPEAttention with rope_k_repeat); the query grid must be the frame's e x e grid
+    cross_rope_q_grid: int = 0
+    cross_rope_k_grid: int = 0  # side of the 2-D latents' grid; the global latents of a frame get no RoPE
+
+    @property
+    def memory_tokens(self) -> int | None:
+        """Tokens of one memory frame after the perceiver (L + G*G); None without a perceiver (e*e)."""
+        return self.perceiver_latents + self.perceiver_latents_2d if self.perceiver_layers else None
+
+    def memory_frame_shape(self, e: int) -> tuple[int, ...]:
+        """Shape of one object's memory frame: (M, e, e) spatial, or (L + G*G, M) perceiver tokens."""
+        n = self.memory_tokens
+        return (self.mem_dim, e, e) if n is None else (n, self.mem_dim)
 
 
 VIDEO_TINY = Sam2VideoConfig()
@@ -195,9 +242,51 @@ VIDEO_TINY = Sam2VideoConfig()
 # test-small's d_model is 32: a pointer splits into 2 tokens of mem_dim 16.
 VIDEO_TEST_SMALL = Sam2VideoConfig(mem_dim=16, attn_layers=2, attn_mlp_dim=64)
 
+# configs/edgetam.yaml: memory attention of 2 layers (self RoPEAttention over the 64x64 frame grid, cross
+# RoPEAttentionv2 with q_sizes [64, 64], k_sizes [16, 16], kv_in_dim 64), spatial_perceiver (depth 2, dim 64,
+# dim_head 64, heads 1, ff_mult 4, 256 + 256 latents, use_self_attn, pos_enc_at_key_value, no concat_kv_latents),
+# add_tpos_enc_to_obj_ptrs false, no no_obj_embed_spatial; num_maskmem 7, memory encoder as SAM 2.1's.
+VIDEO_EDGETAM = Sam2VideoConfig(
+    attn_layers=2,
+    ptr_tpos_enc=False,
+    no_obj_embed_spatial=False,
+    perceiver_layers=2,
+    perceiver_latents=256,
+    perceiver_latents_2d=256,
+    cross_rope_q_grid=64,
+    cross_rope_k_grid=16,
+)
+
+# EdgeTAM's memory path at test-small widths (d_model 32, mem_dim 16) and 256 px (a 16x16 frame grid): 16 global
+# + 16 2-D latents on a 4x4 grid (4x4 windows), one perceiver head of 16 channels.
+VIDEO_EDGETAM_TEST = replace(
+    VIDEO_EDGETAM,
+    mem_dim=16,
+    attn_mlp_dim=64,
+    perceiver_latents=16,
+    perceiver_latents_2d=16,
+    perceiver_dim_head=16,
+    cross_rope_q_grid=16,
+    cross_rope_k_grid=4,
+)
+
+# sam2.1_hiera_{s,b+,l}.yaml hold the same memory path as sam2.1_hiera_t.yaml, field for field (diff of the
+# model.memory_attention / memory_encoder blocks, num_maskmem 7, the sigmoid scale / bias and every SAM2Base flag:
+# only comments differ; max_obj_ptrs_in_encoder is SAM2Base's default 16 in all four, and build_sam2_video_predictor
+# adds the same overrides to each). Only the image trunk tells the sizes apart.
+VIDEO_SMALL = VIDEO_BASE_PLUS = VIDEO_LARGE = VIDEO_TINY
+
 VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
     "sam2.1-hiera-tiny": VIDEO_TINY,
+    "sam2.1-hiera-small": VIDEO_SMALL,
+    "sam2.1-hiera-base-plus": VIDEO_BASE_PLUS,
+    "sam2.1-hiera-large": VIDEO_LARGE,
     "test-small": VIDEO_TEST_SMALL,
+    "test-small-s": VIDEO_TEST_SMALL,  # the reduced sizes share test-small's widths (d_model 32)
+    "test-small-b+": VIDEO_TEST_SMALL,
+    "test-small-l": VIDEO_TEST_SMALL,
+    "edgetam": VIDEO_EDGETAM,
+    "test-small-edgetam": VIDEO_EDGETAM_TEST,
 }
 
 
@@ -217,8 +306,8 @@ def config_name(cfg: Sam2Config) -> str:
 
 
 def model_id(name: str) -> str:
-    """The SAM 2.1 size a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
-    for full, reduced, _ in SIZES.values():
+    """The model a config name stands for ('test-small-l' -> 'sam2.1-hiera-large'); cards' model_id."""
+    for full, reduced, *_ in (*SIZES.values(), *FAMILIES.values()):
         if name in (full, reduced):
             return full
     return name

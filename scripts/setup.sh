@@ -42,6 +42,11 @@ $P install -q litert-torch==0.10.0 ai-edge-litert==2.3.0 executorch==1.5.1
 $P install -q -e ".[export,browser,video,everything,distributed,hub,test]"
 # upstream reference (tests only): sdist without its torchvision dependency
 SAM2_BUILD_CUDA=0 $P install -q --no-deps --no-build-isolation sam2==1.1.0
+# EdgeTAM oracles (tests only): timm without its dependencies (they would pull torchvision and a CUDA torch; the
+# tests give timm an import stand-in for torchvision), and the original EdgeTAM code in a folder of its own (its
+# top-level package is also named `sam2`): tests/edgetam_oracle.py runs it in a subprocess under its own sys.path
+$P install -q --no-deps timm==1.0.31
+$P install -q --no-deps --upgrade --target "$VENV/edgetam-original" edgetam-dimos==1.0.1
 rm -f "$VENV"/.setup-*
 touch "$STAMP"
 echo "-> $VENV ready" >&2

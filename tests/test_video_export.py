@@ -268,3 +268,35 @@ def test_fp16_video_graphs_export_and_unlift():
             got, want = module(*args), half(*args)
         assert all(g.dtype == torch.float32 for g in got), role
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), role
+
+
+@pytest.mark.parametrize("target", ["onnx", pytest.param("litert", marks=pytest.mark.slow)])
+def test_large_stand_in_video_bundle_tracks_like_eager(target, tmp_path):
+    """``export --video`` of another size (test-small-l: large's trunk and window specs, 384 px, a 24 x 24 memory
+    grid) tracks as the eager predictor on its checkpoint, found from the tensors on both sides."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.weights.load import save_checkpoint
+    from sam2edge.weights.video import synthetic_video_state_dict
+    from tests.video_oracles import OBJ_SCORE_LIFT
+
+    cfg, vcfg = get_config("test-small-l"), get_video_config("test-small-l")
+    sd = synthetic_video_state_dict(cfg, vcfg, seed=5)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT
+    ckpt = tmp_path / "large_stand_in.pt"
+    save_checkpoint(sd, "meta", ckpt)
+    options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}
+    card = run_export(target, "test-small-l", "fp32", tmp_path / "b", checkpoint=str(ckpt), clicks=4, video=True,
+                      options=options)  # fmt: skip
+    assert card["config"] == "test-small-l" and card["extra"]["video"]
+    clip = tmp_path / "clip"
+    drifting_clip(clip, frames=4, size=(176, 144), step=11)
+    eager = Sam2VideoPredictor.from_checkpoint(str(ckpt))
+    assert eager.backend.cfg == cfg
+    want, got = _track(eager, clip), _track(Sam2VideoPredictor.from_export(tmp_path / "b"), clip)
+    assert want.keys() == got.keys()
+    assert any((m > 0).any() for m in want.values())
+    for key, ref in want.items():
+        for o in range(ref.shape[0]):
+            iou = mask_iou(got[key][o] > 0, ref[o] > 0)
+            assert iou >= 0.999, f"{target} {key} object {o}: IoU {iou:.5f}"

@@ -4,6 +4,7 @@ torch.export traces them with no tensor above rank 4 and no complex tensor, and 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -161,3 +162,42 @@ def test_memory_bank_overflow_keeps_nearest_conditioning_frames():
     assert sel.dropped == 1 and len(sel.spatial) == 7
     assert 0 not in sel.spatial and {9, 6, 3, 5, 7, 8, 10} == set(sel.spatial)
     assert sel.inputs.mem_valid.sum() == 7 and (sel.inputs.mem_feats[:, 0, 0, 0] == sel.spatial).all()
+
+
+@pytest.mark.parametrize("size", ["small", "base-plus", "large"])
+def test_every_size_loads_from_its_checkpoint(tmp_path, size):
+    """A video checkpoint of each size is detected from its tensors (no config given) and loads strictly; the same
+    file with another size's config is one line naming both."""
+    from sam2edge.config import SIZES, get_config, get_video_config
+    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.weights.sizes import SizeError
+
+    reduced = SIZES[size][1]
+    cfg, vcfg = get_config(reduced), get_video_config(reduced)
+    path = tmp_path / "video.pt"
+    torch.save({"model": synthetic_video_state_dict(cfg, vcfg, seed=1)}, path)
+    pred = Sam2VideoPredictor.from_checkpoint(str(path))
+    assert (pred.backend.cfg, pred.backend.vcfg) == (cfg, vcfg)
+    with pytest.raises(SizeError, match=re.escape(f"holds {reduced} weights but the config is test-small;")):
+        Sam2VideoPredictor.from_checkpoint(str(path), TEST_SMALL, VIDEO_TEST_SMALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "base-plus", "large"])
+def test_upstream_full_size_video_model_loads(size):
+    """Upstream's own video model of each size (build_sam2_video_predictor from its yaml): its state dict names the
+    size (detect_config) and every tensor of the video model maps strictly into ours at that size."""
+    from sam2edge.config import SIZES, get_config, get_video_config
+    from sam2edge.weights.load import expected_shapes, to_sam2edge
+    from sam2edge.weights.sizes import detect_config
+    from sam2edge.weights.video import map_video_tensors
+    from tests.video_oracles import upstream_video_predictor
+
+    full, _, yaml = SIZES[size]
+    cfg, vcfg = get_config(full), get_video_config(full)
+    sd = upstream_video_predictor(cfg, vcfg, official_yaml=yaml).state_dict()
+    assert detect_config(sd) == full
+    mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
+    mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
+    model = build_sam2_video(cfg, vcfg)
+    assert model.load_state_dict(mapped, strict=True) is not None

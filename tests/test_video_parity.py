@@ -1,6 +1,7 @@
 """Sam2VideoPredictor vs upstream SAM2VideoPredictor: identical perturbed weights, a drifting-window clip
-of a real photo, three objects (a click, a box, a mask on a later frame), a correction on a tracked frame,
-forward then reverse propagation. Per frame and object: mask IoU >= 0.999, logits cosine >= 0.9999.
+of a real photo (every size of ``config.SIZES``: reduced stand-ins here, full size under -m slow), three
+objects (a click, a box, a mask on a later frame), a correction on a tracked frame, forward then reverse
+propagation. Per frame and object: mask IoU >= 0.999, logits cosine >= 0.9999.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from sam2edge.config import HIERA_TINY, TEST_SMALL, VIDEO_TEST_SMALL, VIDEO_TINY
+from sam2edge.config import HIERA_TINY, SIZES, TEST_SMALL, VIDEO_TEST_SMALL, VIDEO_TINY, get_config, get_video_config
 from sam2edge.runtime.video_backend import EagerVideoBackend
 from sam2edge.runtime.video_predictor import Sam2VideoPredictor
 from sam2edge.weights.load import expected_shapes, to_sam2edge
@@ -20,13 +21,14 @@ IOU_MIN, COS_MIN = 0.999, 0.9999
 STAGE_COS_MIN = 0.99999  # per call of the memory attention / memory encoder (fp32 vs fp32)
 
 
-def _ours_from(upstream, cfg, vcfg) -> Sam2VideoPredictor:
+def _ours_from(upstream, cfg, vcfg, fill_hole_area: int = 0) -> Sam2VideoPredictor:
     """Our predictor with upstream's weights, through the Meta key map (identity names)."""
     sd = {k: v.detach().clone() for k, v in upstream.state_dict().items()}
     mapped = to_sam2edge(sd, "meta", expected_shapes(cfg), "upstream")
     mapped.update(map_video_tensors(sd, "meta", cfg, vcfg, "upstream"))
-    # upstream's hole filling needs its CUDA extension and is skipped on CPU: compare with it off
-    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg), fill_hole_area=0)
+    # upstream's hole filling needs its CUDA extension and is skipped on CPU: compared with it off, except where
+    # upstream is given a CPU stand-in for its connected components (test_hole_filling_end_to_end)
+    return Sam2VideoPredictor(EagerVideoBackend.from_state_dict(mapped, cfg, vcfg), fill_hole_area=fill_hole_area)
 
 
 def _session(pred, folder, w, h, n):
@@ -46,6 +48,25 @@ def _session(pred, folder, w, h, n):
         record("correct", pred.add_new_points_or_box(state, 4, 1, points=pts, labels=labels))
         for r in pred.propagate_in_video(state, start_frame_idx=4, max_frame_num_to_track=n):
             record("forward2", r)
+        for r in pred.propagate_in_video(state, start_frame_idx=n - 1, reverse=True):
+            record("reverse", r)
+    return out
+
+
+def _short_session(pred, folder, w, h, n):
+    """Two objects (a click, a mask), a correction on a tracked frame, forward, then reverse from the last frame."""
+    out = []
+    state = pred.init_state(video_path=str(folder))
+    record = lambda step, r: out.append((step, r[0], list(r[1]), torch.as_tensor(r[2]).float().clone()))  # noqa: E731
+    with torch.inference_mode():
+        record("click", pred.add_new_points_or_box(state, 0, 1, points=[[0.45 * w, 0.4 * h]], labels=[1]))
+        mask = np.zeros((h, w), bool)
+        mask[int(0.1 * h) : int(0.45 * h), int(0.55 * w) : int(0.9 * w)] = True
+        record("mask", pred.add_new_mask(state, 0, 2, mask))
+        for r in pred.propagate_in_video(state):
+            record("forward", r)
+        pts, labels = [[0.3 * w, 0.5 * h], [0.6 * w, 0.3 * h]], [1, 0]
+        record("correct", pred.add_new_points_or_box(state, 2, 1, points=pts, labels=labels))
         for r in pred.propagate_in_video(state, start_frame_idx=n - 1, reverse=True):
             record("reverse", r)
     return out
@@ -82,7 +103,7 @@ def _stage_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return min(torch.nn.functional.cosine_similarity(x, y, dim=0).item() for x, y in zip(a, b))
 
 
-def _run(tmp_path, cfg, vcfg, n, size, official_yaml):
+def _run(tmp_path, cfg, vcfg, n, size, official_yaml, session=_session):
     w, h = size
     drifting_clip(tmp_path / "clip", n, size)
     upstream = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=official_yaml)
@@ -92,8 +113,8 @@ def _run(tmp_path, cfg, vcfg, n, size, official_yaml):
         (_capture(model.memory_attention, False), _capture(upstream.memory_attention, True)),
         (_capture(model.memory_encoder, False), _capture(upstream.memory_encoder, False)),
     ]
-    mine = _session(ours, tmp_path / "clip", w, h, n)
-    rows = _compare(mine, _session(upstream, tmp_path / "clip", w, h, n))
+    mine = session(ours, tmp_path / "clip", w, h, n)
+    rows = _compare(mine, session(upstream, tmp_path / "clip", w, h, n))
     bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
     assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
     assert len({r[1] for r in rows if r[0] == "reverse"}) == n
@@ -112,11 +133,24 @@ def test_video_parity_small(tmp_path):
     print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
 
 
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_video_parity_sizes(tmp_path, size):
+    """Every size's reduced stand-in (its trunk, the size's memory path at test-small widths), 4 frames of 160x120:
+    a click and a mask, a correction, forward and reverse."""
+    reduced = SIZES[size][1]
+    cfg, vcfg = get_config(reduced), get_video_config(reduced)
+    worst_iou, worst_cos, stages = _run(tmp_path, cfg, vcfg, 4, (160, 120), official_yaml=False, session=_short_session)
+    print(f"{reduced}: worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
+
+
 @pytest.mark.slow
-def test_video_parity_full(tmp_path):
-    """Hiera-Tiny at 1024 from upstream's official yaml, 8 frames of 320x240."""
-    worst_iou, worst_cos, stages = _run(tmp_path, HIERA_TINY, VIDEO_TINY, 8, (320, 240), official_yaml=True)
-    print(f"worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_video_parity_full(tmp_path, size):
+    """Each size at 1024 from upstream's official yaml (build_sam2_video_predictor), 8 frames of 320x240."""
+    full, _, yaml = SIZES[size]
+    cfg, vcfg = get_config(full), get_video_config(full)
+    worst_iou, worst_cos, stages = _run(tmp_path, cfg, vcfg, 8, (320, 240), official_yaml=yaml)
+    print(f"{full}: worst IoU {worst_iou:.6f}, worst cosine {worst_cos:.8f}, memory attention/encoder {stages}")
 
 
 def _api_session(pred, folder, w, h):
@@ -220,6 +254,41 @@ def test_fill_holes_matches_upstream(monkeypatch):
         got = fill_holes(masks.numpy(), area)
         assert np.array_equal(got, ref.numpy()), area
         assert not np.array_equal(got, masks.numpy())
+
+
+def _scipy_components(mask: torch.Tensor):
+    """CPU stand-in for upstream's CUDA ``get_connected_components``: 8-connected labels and areas (scipy)."""
+    from scipy import ndimage
+
+    m = mask.to(torch.bool).numpy()
+    labels, areas = np.zeros(m.shape, np.int32), np.zeros(m.shape, np.int32)
+    for i in range(m.shape[0]):
+        lab, _ = ndimage.label(m[i, 0], structure=np.ones((3, 3), bool))
+        count = np.bincount(lab.ravel())
+        count[0] = 0
+        labels[i, 0], areas[i, 0] = lab, count[lab]
+    return torch.from_numpy(labels), torch.from_numpy(areas)
+
+
+def test_hole_filling_end_to_end(tmp_path, monkeypatch):
+    """With fill_hole_area = 8 (the default, as upstream's video predictor on CUDA), a whole session equals upstream
+    given a CPU stand-in for its CUDA connected components; with filling off, the masks differ (the filling shows)."""
+    import sam2.utils.misc as misc
+
+    monkeypatch.setattr(misc, "get_connected_components", _scipy_components)
+    w, h, n = 200, 150, 4
+    drifting_clip(tmp_path / "clip", n, (w, h))
+    upstream = upstream_video_predictor(TEST_SMALL, VIDEO_TEST_SMALL, seed=0)
+    assert upstream.fill_hole_area == 8
+    ours = _ours_from(upstream, TEST_SMALL, VIDEO_TEST_SMALL, fill_hole_area=8)
+    theirs = _short_session(upstream, tmp_path / "clip", w, h, n)
+    rows = _compare(_short_session(ours, tmp_path / "clip", w, h, n), theirs)
+    bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
+    assert not bad, f"{len(bad)} of {len(rows)} (step, frame, obj, iou, cos) below bounds: {bad[:6]}"
+    unfilled = _compare(
+        _short_session(_ours_from(upstream, TEST_SMALL, VIDEO_TEST_SMALL), tmp_path / "clip", w, h, n), theirs
+    )
+    assert min(r[3] for r in unfilled) < 0.999, "hole filling changed nothing on this clip: the test cannot fail"
 
 
 def _bank(upstream, cfg, vcfg, cond: set[int], frames: range, seed: int):

@@ -103,8 +103,12 @@ def _memory_modules(cfg: Sam2Config, vcfg: Sam2VideoConfig):
     return attention, encoder
 
 
-def upstream_video_predictor(cfg: Sam2Config, vcfg: Sam2VideoConfig, seed: int = 0, official_yaml: bool = False):
-    """Upstream SAM2VideoPredictor (eval, CPU, fp32 memories), perturbed weights, object score lifted."""
+def upstream_video_predictor(cfg: Sam2Config, vcfg: Sam2VideoConfig, seed: int = 0, official_yaml: bool | str = False):
+    """Upstream SAM2VideoPredictor (eval, CPU, fp32 memories), perturbed weights, object score lifted.
+
+    ``official_yaml``: True (sam2.1_hiera_t.yaml) or a file name under sam2/configs/sam2.1/ (``config.SIZES``):
+    the full-size model built by upstream's own ``build_sam2_video_predictor``; False: built from ``cfg`` / ``vcfg``.
+    """
     from sam2.sam2_video_predictor import SAM2VideoPredictor
 
     from sam2edge.checks.fidelity.upstream import UpstreamImagePath
@@ -114,7 +118,8 @@ def upstream_video_predictor(cfg: Sam2Config, vcfg: Sam2VideoConfig, seed: int =
     if official_yaml:
         from sam2.build_sam import build_sam2_video_predictor
 
-        model = build_sam2_video_predictor("configs/sam2.1/sam2.1_hiera_t.yaml", ckpt_path=None, device="cpu")
+        yaml = "sam2.1_hiera_t.yaml" if official_yaml is True else official_yaml
+        model = build_sam2_video_predictor(f"configs/sam2.1/{yaml}", ckpt_path=None, device="cpu")
     else:
         image = UpstreamImagePath(cfg)
         attention, encoder = _memory_modules(cfg, vcfg)

@@ -71,6 +71,7 @@ FIELD_CHECKS = (
     ),
 )
 NOT_LISTED = ": not listed in the manifest"
+BASE_MODELS = {"edgetam": "facebook/EdgeTAM"}  # model_id -> its hub repository, where not facebook/<model_id>
 TOOL_PACKAGES = ("torch", "litert-torch", "ai-edge-litert", "executorch", "onnx", "onnxruntime", "numpy")
 
 
@@ -198,7 +199,7 @@ def finalize_bundle(
     card = {
         "schema": 1,
         "model_id": model_id(config),
-        "base_model": f"facebook/{model_id(config)}",
+        "base_model": BASE_MODELS.get(model_id(config), f"facebook/{model_id(config)}"),
         "license": "apache-2.0",
         "target": target,
         "precision": precision,

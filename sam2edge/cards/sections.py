@@ -43,6 +43,15 @@ def _machine(rec: dict) -> str:
     return f"{m.get('cpu', '?')} ×{m.get('cores', '?')} · {m.get('os', '?')} · {rec.get('runtime_version', '?')}{busy}"
 
 
+# card.json model_id -> (name in the card, citation); any other id keeps the SAM 2.1 wording
+MODEL_NAMES: dict[str, tuple[str, str | None]] = {
+    "edgetam": (
+        "EdgeTAM",
+        'Zhou et al., "EdgeTAM: On-Device Track Anything Model", CVPR 2025',
+    ),
+}
+
+
 def front_matter(card: dict) -> list[str]:
     library, _ = TARGETS.get(card["target"], (card["target"], card["target"]))
     tags = ["sam2", "segment-anything", "mask-generation", card["target"], card["precision"], "on-device"]
@@ -63,15 +72,18 @@ def header(card: dict) -> list[str]:
     _, runtime = TARGETS.get(card["target"], (card["target"], card["target"]))
     res, src = card["resolution"], card["source"]
     total = sum(a.get("bytes", 0) for a in card["artifacts"])
+    name, citation = MODEL_NAMES.get(card.get("model_id", ""), ("SAM 2.1 Hiera-Tiny", None))
     lines = [
-        f"# SAM 2.1 Hiera-Tiny — {runtime}, {card['precision']}, {res}×{res}",
+        f"# {name} — {runtime}, {card['precision']}, {res}×{res}",
         "",
-        f"The image path of [SAM 2.1 Hiera-Tiny](https://huggingface.co/{card.get('base_model', '')}) "
+        f"The image path of [{name}](https://huggingface.co/{card.get('base_model', '')}) "
         f"(Meta, {card.get('license', '')}) for {runtime}: an image encoder run once per image and a prompt "
         "decoder run per click (points, negative points, a box, a previous mask), checked against the "
         "eager PyTorch model before it was written.",
         "",
     ]
+    if citation:
+        lines += [f"Cite: {citation}.", ""]
     if src.get("checkpoint") == SYNTHETIC:
         lines += [
             "> **Synthetic weights.** This bundle was exported from sam2edge's deterministic synthetic "

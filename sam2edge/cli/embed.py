@@ -21,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="store folder: new, empty, or a store written for the same model")
     p.add_argument("--model", help="export bundle folder whose encoder to run")
     p.add_argument("--checkpoint", help="weights for the eager model when no --model is given (default: synthetic)")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS), help="eager model config")
+    p.add_argument(
+        "--config", choices=sorted(CONFIGS), help="eager model config (default: detected from the checkpoint)"
+    )
     p.add_argument(
         "--ray",
         nargs="?",

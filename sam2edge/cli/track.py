@@ -1,4 +1,5 @@
-"""``sam2edge track``: a video and prompts on some frames -> per-frame mask PNGs and an overlay video."""
+"""``sam2edge track``: a video and prompts on some frames -> per-frame mask PNGs (or COCO RLE in a JSON file) and
+an overlay video, from a checkpoint of any size or a ``--video`` export bundle of any target."""
 
 from __future__ import annotations
 
@@ -47,14 +48,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--point", type=_point, action="append", default=[], metavar="F:X,Y[,LABEL][@OBJ]", help="click on frame F"
     )
     p.add_argument("--box", type=_box, action="append", default=[], metavar="F:X0,Y0,X1,Y1[@OBJ]", help="box on F")
-    p.add_argument("--reverse", action="store_true", help="also track backwards from the first prompted frame")
-    p.add_argument("--out", default="masks", help="new folder for palette PNG masks, pixel = object id (masks)")
-    p.add_argument("--overlay", help="overlay video to write: .mp4 (H.264) or .webm (VP9)")
+    p.add_argument("--reverse", action="store_true", help="also track backwards from the start frame")
     p.add_argument(
-        "--checkpoint", help="sam2.1_hiera_tiny.pt, model.safetensors or a hub id (default: synthetic weights)"
+        "--start-frame", type=int, metavar="N", help="frame to track from (default: the first prompted frame)"
     )
     p.add_argument(
-        "--config", default="sam2.1-hiera-tiny", choices=sorted(VIDEO_CONFIGS), help="model config (test-small: quick)"
+        "--max-frames",
+        type=int,
+        metavar="K",
+        help="track frames N..N+K (and N..N-K with --reverse), as upstream's max_frame_num_to_track (default: all)",
+    )
+    p.add_argument(
+        "--out",
+        default="masks",
+        help="new folder for palette PNG masks (pixel = object id; default masks), or a new .json file:"
+        " COCO RLE per tracked frame and object",
+    )
+    p.add_argument("--overlay", help="overlay video to write: .mp4 (H.264) or .webm (VP9)")
+    p.add_argument(
+        "--checkpoint", help="sam2.1_hiera_*.pt, edgetam.pt, model.safetensors or a hub id (default: synthetic weights)"
+    )
+    p.add_argument("--model", help="an export bundle folder made with `sam2edge export --video` (any target)")
+    p.add_argument(
+        "--config",
+        choices=sorted(VIDEO_CONFIGS),
+        help="model config (default: the one the checkpoint's tensors or the bundle name; test-small: quick)",
     )
 
 
@@ -63,10 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from sam2edge.config import get_config, get_video_config
+    from sam2edge.runtime import track as job
     from sam2edge.runtime.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
     from sam2edge.runtime.video_io import read_frames, video_fps
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
     from sam2edge.validate import check_disjoint
 
     prompts = list(args.point) + list(args.box)
@@ -75,15 +92,25 @@ def run(args: argparse.Namespace) -> int:
     frames = read_frames(args.video)
     h, w = frames[0].shape[:2]
     check_prompts(prompts, len(frames), w, h)
-    predictor = Sam2VideoPredictor.from_checkpoint(
-        args.checkpoint, get_config(args.config), get_video_config(args.config)
-    )
+    job.check_span(args.start_frame, args.max_frames, len(frames))
+    predictor = job.load_predictor(args.checkpoint, args.model, args.config)
     if predictor.provenance.get("checkpoint") == "synthetic":
-        print("WARNING: no --checkpoint given; SYNTHETIC weights, masks are meaningless.", file=sys.stderr)
-    with tqdm(total=frames_to_track(len(frames), prompts, args.reverse), unit="frame", desc="track") as bar:
-        labels = track(predictor, frames, prompts, args.reverse, lambda _: bar.update(1))
-    write_outputs(frames, labels, args.out, args.overlay, video_fps(args.video))
-    print(f"masks:   {Path(args.out).resolve()} ({len(labels)} palette PNGs, pixel = object id)")
+        what = f"bundle {args.model} holds" if args.model else "no --checkpoint given;"
+        print(f"WARNING: {what} SYNTHETIC weights, masks are meaningless.", file=sys.stderr)
+    span = dict(start=args.start_frame, max_frames=args.max_frames)
+    tracked: dict[int, list[dict]] = {}  # frame -> COCO RLE per object (--out *.json)
+    keep = (lambda f, ids, m: tracked.__setitem__(f, job.coco_masks(ids, m))) if job.is_json(args.out) else None
+    with tqdm(total=frames_to_track(len(frames), prompts, args.reverse, **span), unit="frame", desc="track") as bar:
+        labels = track(predictor, frames, prompts, args.reverse, lambda _: bar.update(1), **span, on_masks=keep)
+    if keep is None:
+        write_outputs(frames, labels, args.out, args.overlay, video_fps(args.video))
+        print(f"masks:   {Path(args.out).resolve()} ({len(labels)} palette PNGs, pixel = object id)")
+    else:
+        objects = sorted({p.obj_id for p in prompts})
+        doc = {"video": args.video, "size": [h, w], "model": args.model or args.checkpoint or "synthetic"}
+        doc.update(objects=objects, frames=[{"frame": f, "masks": tracked[f]} for f in sorted(tracked)])
+        job.write_json(doc, args.out, frames, labels, args.overlay, video_fps(args.video))
+        print(f"masks:   {Path(args.out).resolve()} (COCO RLE, {len(tracked)} frames x {len(objects)} objects)")
     if args.overlay:
         print(f"overlay: {Path(args.overlay).resolve()}")
     return 0

@@ -1,4 +1,5 @@
-"""``sam2edge verify-official PT SAFETENSORS``: the two official files hold bit-identical weights."""
+"""``sam2edge verify-official PT SAFETENSORS``: the two official files hold bit-identical weights (SAM 2.1 or
+EdgeTAM: the model is detected from the first file's tensors)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,31 @@ import torch
 
 from sam2edge.errors import UserError
 
+OFFICIAL_PT = {"edgetam": "edgetam.pt"}  # model -> the original repository's file name (else SAM 2.1 Hiera-Tiny's)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pt", help="Meta's sam2.1_hiera_tiny.pt")
+    p.add_argument("pt", help="Meta's sam2.1_hiera_tiny.pt or EdgeTAM's edgetam.pt")
     p.add_argument("safetensors", help="Hugging Face model.safetensors")
 
 
 def run(args: argparse.Namespace) -> int:
-    from sam2edge.weights import OFFICIAL_SHA256, read_checkpoint, sha256_file, to_sam2edge
+    from sam2edge.config import get_config, model_id
+    from sam2edge.weights import OFFICIAL_SHA256, checkpoint_config, read_checkpoint, sha256_file, to_sam2edge
     from sam2edge.weights.load import expected_shapes
 
-    shapes = expected_shapes()
+    config = checkpoint_config(args.pt)
+    shapes = expected_shapes(get_config(config))
+    pt_name = OFFICIAL_PT.get(model_id(config), "sam2.1_hiera_tiny.pt")
     loaded = {}
-    for path, name in ((args.pt, "sam2.1_hiera_tiny.pt"), (args.safetensors, "model.safetensors")):
+    for path, name in ((args.pt, pt_name), (args.safetensors, "model.safetensors")):
         sd, fmt = read_checkpoint(path)
         digest = sha256_file(path)
-        official = "official" if digest == OFFICIAL_SHA256[name] else f"NOT the official {name}"
+        known = OFFICIAL_SHA256.get(name) if model_id(config) == "sam2.1-hiera-tiny" else None
+        if known is None:
+            official = f"{model_id(config)}: no official SHA-256 on record"
+        else:
+            official = "official" if digest == known else f"NOT the official {name}"
         print(f"{path}: sha256 {digest} ({official}); {len(sd)} tensors, {fmt} naming")
         loaded[fmt] = to_sam2edge(sd, fmt, shapes, str(path))
     if set(loaded) != {"meta", "hf"}:

@@ -43,8 +43,9 @@ STATUSES = {
 RowCallback = Callable[[dict], None]
 
 
-def load_predictor(model: str | None, checkpoint: str | None, config: str):
-    """The predictor a job runs: a bundle (``model``) or eager weights (``checkpoint``, None = synthetic)."""
+def load_predictor(model: str | None, checkpoint: str | None, config: str | None):
+    """The predictor a job runs: a bundle (``model``) or eager weights (``checkpoint``, None = synthetic;
+    ``config`` None: the model the checkpoint's tensors name)."""
     from sam2edge.config import CONFIGS
     from sam2edge.runtime.predictor import Sam2Predictor
 
@@ -52,9 +53,9 @@ def load_predictor(model: str | None, checkpoint: str | None, config: str):
         raise UserError("give --model DIR or --checkpoint FILE, not both (a bundle carries its own weights)")
     if model:
         return Sam2Predictor.from_export(model)
-    if config not in CONFIGS:
+    if config is not None and config not in CONFIGS:
         raise UserError(f"unknown --config {config!r}; choose one of {sorted(CONFIGS)}")
-    return Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config], quiet=True)
+    return Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config] if config else None, quiet=True)
 
 
 def decode_image(data: bytes) -> np.ndarray:
@@ -135,7 +136,7 @@ def run_local(
     store: str | Path,
     model: str | None = None,
     checkpoint: str | None = None,
-    config: str = "sam2.1-hiera-tiny",
+    config: str | None = None,
     threads: int = 1,
     on_row: RowCallback | None = None,
     progress: bool = True,

@@ -63,7 +63,7 @@ def run_ray(
     store: str | Path,
     model: str | None = None,
     checkpoint: str | None = None,
-    config: str = "sam2.1-hiera-tiny",
+    config: str | None = None,
     address: str | None = None,
     num_cpus: int | None = None,
     actors: int = 1,

@@ -46,11 +46,16 @@ class XnnEncoderGraph(nn.Module):
         super().__init__()
         self.model = model
         trunk = model.image_encoder.trunk
-        g, bkg = trunk.grid, trunk.pos_embed.shape[-1]
-        self.register_buffer("interp_t", bicubic_matrix(bkg, g).t().contiguous().to(trunk.pos_embed.dtype))  # (7, g)
+        self.has_pos_embed = hasattr(trunk, "pos_embed")  # Hiera; EdgeTAM's RepViT has none
+        if self.has_pos_embed:
+            g, bkg = trunk.grid, trunk.pos_embed.shape[-1]
+            interp_t = bicubic_matrix(bkg, g).t().contiguous().to(trunk.pos_embed.dtype)  # (7, g)
+            self.register_buffer("interp_t", interp_t)
 
-    def pos_embed(self) -> torch.Tensor:
-        """bicubic(pos_embed) + tile(pos_embed_window), channels-last (1, g, g, C)."""
+    def pos_embed(self) -> torch.Tensor | None:
+        """bicubic(pos_embed) + tile(pos_embed_window), channels-last (1, g, g, C); None for a trunk without."""
+        if not self.has_pos_embed:
+            return None
         trunk = self.model.image_encoder.trunk
         p, win = trunk.pos_embed, trunk.pos_embed_window  # (1, C, b, b), (1, C, w, w)
         _, c, b, _ = p.shape

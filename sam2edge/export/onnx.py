@@ -43,7 +43,7 @@ from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime import onnx_backend as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
-from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, graph_io
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask
@@ -289,6 +289,8 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     work = job.folder / WORK
     work.mkdir(exist_ok=True)
     names_in, names_out, dynamic = IO[role]
+    if role in VIDEO_GRAPHS:  # a video config's own inputs (EdgeTAM's memory attention: runtime.video_bundle)
+        names_in = graph_io(role, job.vcfg)[1]
     raw, opt = work / f"raw_{role}.onnx", work / f"opt_{role}.onnx"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")

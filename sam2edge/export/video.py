@@ -10,7 +10,9 @@ target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp1
                     mask tokens, their IoU, the object score and the object pointers tracking needs
 
 plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
-(the memory attention's RoPE tables, fed as inputs) and the prompt tables. The frame encoder is the bundle's
+(the memory attention's RoPE tables, fed as inputs) and the prompt tables. EdgeTAM: the memory encoder ends in the
+perceiver (memory frames of L + G*G tokens) and its memory attention has no pointer positions and per-slot key
+tables (``runtime.video_bundle.graph_io``). The frame encoder is the bundle's
 image encoder. Fidelity: ``checks.fidelity.video`` runs a clip through the staged bundle and through eager
 fp32 (upstream's operations), per frame.
 """
@@ -28,7 +30,6 @@ from torch import nn
 from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM
-from sam2edge.model.memory_attention import rope_tables
 from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
 from sam2edge.runtime.litert_backend import TABLE_FILES, write_tables
 from sam2edge.runtime.prompts import prompt_tables
@@ -36,10 +37,12 @@ from sam2edge.runtime.video_backend import EagerVideoBackend
 from sam2edge.runtime.video_bundle import (
     CONST_FILE,
     DEFAULT_VIDEO_TOKENS,
+    LATENTS_FILE,
     ROPE_FILE,
     VIDEO_GRAPHS,
     BundleVideoBackend,
     const_layout,
+    graph_io,
     video_file,
 )
 
@@ -62,6 +65,21 @@ class MemoryAttentionGraph(nn.Module):
         return self.model.memory_attention_step(vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_pos, ptr_valid, rope)
 
 
+class TokenMemoryAttentionGraph(nn.Module):
+    """EdgeTAM's memory attention: memory frames of perceiver tokens, no pointer positions, key RoPE tables."""
+
+    def __init__(self, model: Sam2VideoModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, vision, mem_feats, mem_tpos, mem_valid, ptrs, ptr_valid, rope_cos, rope_sin, rope_cos_k, rope_sin_k
+    ):
+        rope = (rope_cos, rope_sin, rope_cos_k, rope_sin_k)  # inputs, not constants (see MemoryAttention.forward)
+        unused = ptr_valid.new_zeros(ptr_valid.shape)  # pointer positions: not read without ptr_tpos_enc
+        return self.model.memory_attention_step(vision, mem_feats, mem_tpos, mem_valid, ptrs, unused, ptr_valid, rope)
+
+
 class MemoryEncoderGraph(nn.Module):
     def __init__(self, model: Sam2VideoModel) -> None:
         super().__init__()
@@ -69,6 +87,17 @@ class MemoryEncoderGraph(nn.Module):
 
     def forward(self, vision, low_res, binarize, score):
         return self.model.encode_memory(vision, low_res, binarize, score)
+
+
+class TokenMemoryEncoderGraph(nn.Module):
+    """EdgeTAM's memory encoder (+ perceiver): no object score (no no-object embedding to add)."""
+
+    def __init__(self, model: Sam2VideoModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, vision, low_res, binarize, latents):
+        return self.model.encode_memory(vision, low_res, binarize, binarize, latents)  # the score is not read
 
 
 class VideoDecoderGraph(nn.Module):
@@ -92,6 +121,15 @@ MODULES: dict[str, type[nn.Module]] = {
 }
 
 
+def modules(vcfg: Sam2VideoConfig) -> dict[str, type[nn.Module]]:
+    """role -> graph module for a video config (EdgeTAM's take ``graph_io``'s inputs)."""
+    if all(graph_io(r, vcfg)[1] == VIDEO_GRAPHS[r][1] for r in VIDEO_GRAPHS):
+        return MODULES
+    if vcfg.ptr_tpos_enc or not vcfg.cross_rope_k_grid or vcfg.no_obj_embed_spatial:
+        raise ValueError("no video graphs for this video config's inputs")
+    return {**MODULES, "memory-attention": TokenMemoryAttentionGraph, "memory-encoder": TokenMemoryEncoderGraph}
+
+
 class HalfGraph(nn.Module):
     """A graph with fp16 weights and activations; float inputs and outputs stay fp32. (The submodule is not
     called ``graph``: torch.export's unlifted ``GraphModule`` has its own ``graph`` attribute, and the lifted
@@ -107,33 +145,47 @@ class HalfGraph(nn.Module):
         return tuple(o.float() for o in out)
 
 
-def samples(cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int) -> dict[str, dict[str, torch.Tensor]]:
-    """role -> named tracing inputs, in call order (half the slots valid)."""
-    c, e, m, k, p = cfg.d_model, cfg.image_embedding_size, vcfg.mem_dim, vcfg.memory_slots, vcfg.max_obj_ptrs
+def perceiver_latents(model: Sam2VideoModel) -> torch.Tensor:
+    """The perceiver's global then 2-D latents, (L + G*G, M): the memory encoder's ``latents`` input."""
+    p = model.spatial_perceiver
+    return torch.cat([p.latents, p.latents_2d]).detach().clone()
+
+
+def samples(
+    cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int, model: Sam2VideoModel | None = None
+) -> dict[str, dict[str, torch.Tensor]]:
+    """role -> named tracing inputs, in call order (half the slots valid); ``model`` gives the RoPE tables."""
+    c, e, k, p = cfg.d_model, cfg.image_embedding_size, vcfg.memory_slots, vcfg.max_obj_ptrs
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
         return torch.randn(*shape, generator=g)
 
     half = (torch.arange(k) < (k + 1) // 2).float().reshape(1, k)
-    rope = rope_tables(c, e, vcfg.attn_heads, vcfg.rope_theta)  # (HW, C) each
+    model = model or build_sam2_video(cfg, vcfg)
+    rope = model.memory_attention.tables()  # (HW, C) each [+ (N, C) each]
+    attention = {
+        "vision": r(1, c, e, e),
+        "mem_feats": r(k, *vcfg.memory_frame_shape(e)),
+        "mem_tpos": torch.arange(k, dtype=torch.float32).reshape(1, k) % vcfg.num_maskmem,
+        "mem_valid": half,
+        "ptrs": r(p, c),
+        "ptr_pos": torch.linspace(-1, 1, p).reshape(1, p),
+        "ptr_valid": (torch.arange(p) < p // 2).float().reshape(1, p),
+        **{n: t.clone() for n, t in zip(("rope_cos", "rope_sin", "rope_cos_k", "rope_sin_k"), rope)},
+    }
     return {
-        "memory-attention": {
-            "vision": r(1, c, e, e),
-            "mem_feats": r(k, m, e, e),
-            "mem_tpos": torch.arange(k, dtype=torch.float32).reshape(1, k) % vcfg.num_maskmem,
-            "mem_valid": half,
-            "ptrs": r(p, c),
-            "ptr_pos": torch.linspace(-1, 1, p).reshape(1, p),
-            "ptr_valid": (torch.arange(p) < p // 2).float().reshape(1, p),
-            "rope_cos": rope[0].clone(),
-            "rope_sin": rope[1].clone(),
-        },
+        "memory-attention": {n: attention[n] for n in graph_io("memory-attention", vcfg)[1]},
         "memory-encoder": {
-            "vision": r(1, c, e, e),
-            "low_res": r(1, 1, 4 * e, 4 * e) * 4,
-            "binarize": torch.ones(1, 1),
-            "score": torch.ones(1, 1),
+            n: t
+            for n, t in (
+                ("vision", r(1, c, e, e)),
+                ("low_res", r(1, 1, 4 * e, 4 * e) * 4),
+                ("binarize", torch.ones(1, 1)),
+                ("score", torch.ones(1, 1)),
+                ("latents", model.spatial_perceiver and perceiver_latents(model)),
+            )
+            if n in graph_io("memory-encoder", vcfg)[1]
         },
         "video-decoder": {
             "pix_feat": r(1, c, e, e),
@@ -176,9 +228,9 @@ def prepare(job, sd: dict, rewrites) -> None:
 def entries(job, wrap: Callable[[nn.Module, str], nn.Module], named: bool) -> dict:
     """file -> (role, wrapped module, sample) for the three video graphs of ``job.target``."""
     v = job.state["video"]
-    sample = samples(job.cfg, job.vcfg, v["tokens"])
+    sample = samples(job.cfg, job.vcfg, v["tokens"], v["model"])
     out = {}
-    for role, cls in MODULES.items():
+    for role, cls in modules(job.vcfg).items():
         s = sample[role]
         out[video_file(job.target.name, role)] = (role, wrap(cls(v["model"]), role), s if named else tuple(s.values()))
     return out
@@ -200,11 +252,12 @@ def write_video_tables(job) -> dict[str, str]:
     assert list(parts) == list(const_layout(job.cfg.d_model))
     flat = np.concatenate([t.detach().float().numpy().ravel() for t in parts.values()]).astype("<f4")
     flat.tofile(job.folder / CONST_FILE)
-    ma = model.memory_attention
-    np.concatenate([ma.rope_cos.numpy().ravel(), ma.rope_sin.numpy().ravel()]).astype("<f4").tofile(
-        job.folder / ROPE_FILE
-    )
+    tables = model.memory_attention.tables()  # frame (cos, sin) [+ key (cos, sin)], the graph's input order
+    np.concatenate([t.numpy().ravel() for t in tables]).astype("<f4").tofile(job.folder / ROPE_FILE)
     files = {CONST_FILE: "video-table", ROPE_FILE: "video-table"}
+    if model.spatial_perceiver is not None:
+        perceiver_latents(model).numpy().astype("<f4").tofile(job.folder / LATENTS_FILE)
+        files[LATENTS_FILE] = "video-table"
     if not all(name in job.files for name in TABLE_FILES):
         files.update(write_tables(prompt_tables(model), job.folder))
     return files
@@ -219,9 +272,11 @@ def extra(job) -> dict:
     """card.json ``extra.video``: config, slot layout, every graph's tensors, the host tables."""
     v, cfg, vcfg = job.state["video"], job.cfg, job.vcfg
     e, n = cfg.image_embedding_size, cfg.d_model // vcfg.mem_dim
+    frame_tokens = vcfg.memory_tokens or e * e
     graphs = {}
-    for role, named in samples(cfg, vcfg, v["tokens"]).items():
-        outs = MODULES[role](v["model"])(*named.values())
+    graph_modules = modules(vcfg)
+    for role, named in samples(cfg, vcfg, v["tokens"], v["model"]).items():
+        outs = graph_modules[role](v["model"])(*named.values())
         outs = (outs,) if isinstance(outs, torch.Tensor) else outs
         graphs[role] = {
             "file": video_file(job.target.name, role),
@@ -237,7 +292,8 @@ def extra(job) -> dict:
             "memory_slots": vcfg.memory_slots,
             "pointer_slots": vcfg.max_obj_ptrs,
             "tokens_per_pointer": n,
-            "key_tokens": vcfg.memory_slots * e * e + vcfg.max_obj_ptrs * n,
+            "tokens_per_memory": frame_tokens,
+            "key_tokens": vcfg.memory_slots * frame_tokens + vcfg.max_obj_ptrs * n,
             "spatial": "mem_feats[k]: one frame's memory (every conditioning frame, t_pos 0, then the previous "
             "num_maskmem - 1 frames in the tracking direction, upstream's selection in runtime.memory_bank); "
             "mem_tpos[k] = num_maskmem - t_pos - 1 (index into maskmem_tpos_enc); mem_valid[k] 1 filled / 0 empty",

@@ -1,4 +1,5 @@
-"""Hiera-Tiny trunk + FPN neck (upstream ``hieradet.py`` / ``image_encoder.py``), rank <= 4.
+"""Image encoder: a trunk (Hiera, upstream ``hieradet.py``; or EdgeTAM's RepViT, ``repvit.py``) + the FPN neck
+(upstream ``image_encoder.py``), rank <= 4. ``TRUNKS`` picks the trunk by ``Sam2Config.trunk``.
 
 Tensors inside the trunk are channels-last (B, H, W, C) as upstream. Window partitioning,
 the fused-qkv split and query pooling never create a tensor above rank 4. The windowed
@@ -18,6 +19,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config
 from sam2edge.model.layers import MLP, LayerNorm, Rewrites, attention
+from sam2edge.model.repvit import RepViT
 
 
 def window_partition(x: torch.Tensor, ws: int) -> torch.Tensor:
@@ -242,12 +244,18 @@ class FpnNeck(nn.Module):
         return out
 
 
+# Sam2Config.trunk -> trunk class; each maps (B, 3, S, S) to per-stage (B, C_i, S / 2^(i+2), S / 2^(i+2)) features
+TRUNKS: dict[str, type[nn.Module]] = {"hiera": Hiera, "repvit": RepViT}
+
+
 class ImageEncoder(nn.Module):
     """Trunk + neck with the lowest ``scalp`` levels dropped: image -> [FPN_0, FPN_1, FPN_2], high-res first."""
 
     def __init__(self, cfg: Sam2Config, rw: Rewrites) -> None:
         super().__init__()
-        self.trunk = Hiera(cfg, rw)
+        if cfg.trunk not in TRUNKS:
+            raise ValueError(f"Sam2Config.trunk={cfg.trunk!r}; allowed: {sorted(TRUNKS)}")
+        self.trunk = TRUNKS[cfg.trunk](cfg, rw)
         self.neck = FpnNeck(cfg)
         self.scalp = cfg.scalp
 

@@ -9,6 +9,10 @@ RoPE is axial 2-D over the e x e grid, applied as real-valued cos/sin tables (ba
 complex tensors): a channel pair (x0, x1) becomes (x0 cos - x1 sin, x0 sin + x1 cos). Spatial
 memory keys reuse the query table once per slot (upstream ``rope_k_repeat``); pointer tokens get
 no RoPE (upstream ``num_k_exclude_rope``).
+
+EdgeTAM (upstream ``RoPEAttentionv2`` as cross-attention): a memory slot holds the perceiver's L global
+latents then G*G 2-D latents; the keys' table per slot (``key_rope_tables``) is the identity rotation
+(cos 1, sin 0: exactly x) for the global latents, then the G x G grid's axial table for the 2-D latents.
 """
 
 from __future__ import annotations
@@ -33,6 +37,15 @@ def rope_tables(dim: int, side: int, num_heads: int, theta: float) -> tuple[torc
     angles = torch.cat([torch.outer(tx, freqs), torch.outer(ty, freqs)], dim=-1)  # (N, hd/2)
     angles = angles.repeat_interleave(2, dim=-1).repeat(1, num_heads)  # (N, dim): both channels of a pair
     return torch.cos(angles), torch.sin(angles)
+
+
+def key_rope_tables(
+    dim: int, num_global: int, grid: int, num_heads: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot key tables (num_global + grid*grid, dim): identity rows for the global latents, then the
+    grid's axial table (upstream ``apply_rotary_enc_v2`` rotates only a slot's last grid*grid tokens)."""
+    cos, sin = rope_tables(dim, grid, num_heads, theta)
+    return torch.cat([torch.ones(num_global, dim), cos]), torch.cat([torch.zeros(num_global, dim), sin])
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -71,16 +84,19 @@ class RoPEAttention(nn.Module):
         sin: torch.Tensor,
         rope_slots: int,
         key_bias: torch.Tensor | None = None,
+        key_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """q (B, N, C) with N = HW; k, v (B, rope_slots*HW + R, kv_dim); key_bias (B, Nk) -> (B, N, C).
+        """q (B, N, C) with N = HW; k, v (B, rope_slots*n + R, kv_dim); key_bias (B, Nk) -> (B, N, C).
 
-        RoPE rotates q and each of the ``rope_slots`` blocks of HW keys; the R trailing keys stay as they are.
+        RoPE rotates q by (cos, sin) and each of the ``rope_slots`` blocks of n keys by ``key_rope`` (n rows;
+        default: the query tables, n = HW); the R trailing keys stay as they are.
         """
         q, k = self.q_proj(q), self.k_proj(k)
         v = v if self.fold_values else self.v_proj(v)  # (B, Nk, kv_dim) or (B, Nk, C)
         q = apply_rope(q, cos, sin)
+        kc, ks = key_rope or (cos, sin)
         t = self.rw.rope_keys == "transposed"  # k as (B, C, Nk): a real TRANSPOSE feeds the score matmul
-        k = self._rope_keys_t(k, cos, sin, rope_slots) if t else self._rope_keys(k, cos, sin, rope_slots)
+        k = self._rope_keys_t(k, kc, ks, rope_slots) if t else self._rope_keys(k, kc, ks, rope_slots)
         out = attention(q, k, v, self.num_heads, self.rw, key_bias, t)  # (B, N, kv_dim) folded, else (B, N, C)
         # folded: softmax rows sum to 1, so attn @ (v W^T + b) = (attn @ v) W^T + b
         return self.out_proj(self.v_proj(out) if self.fold_values else out)
@@ -120,16 +136,19 @@ class MemoryAttentionLayer(nn.Module):
         tgt: torch.Tensor,
         memory: torch.Tensor,
         memory_pos: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: tuple[torch.Tensor, ...],
         slots: int,
         key_bias: torch.Tensor,
     ) -> torch.Tensor:
-        """tgt (B, HW, C); memory, memory_pos (B, Nk, mem_dim); key_bias (B, Nk) -> (B, HW, C)."""
-        cos, sin = rope
+        """tgt (B, HW, C); memory, memory_pos (B, Nk, mem_dim); key_bias (B, Nk) -> (B, HW, C).
+
+        rope: (cos, sin) of the frame grid, optionally followed by the memory keys' per-slot (cos, sin)."""
+        cos, sin = rope[:2]
         x = self.norm1(tgt)
         tgt = tgt + self.self_attn(x, x, x, cos, sin, 1)
         x = self.norm2(tgt)
-        tgt = tgt + self.cross_attn_image(x, memory + memory_pos, memory, cos, sin, slots, key_bias)
+        key_rope = rope[2:] or None
+        tgt = tgt + self.cross_attn_image(x, memory + memory_pos, memory, cos, sin, slots, key_bias, key_rope)
         return tgt + self.linear2(torch.relu(self.linear1(self.norm3(tgt))))
 
 
@@ -140,9 +159,28 @@ class MemoryAttention(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(MemoryAttentionLayer(cfg, vcfg, rw) for _ in range(vcfg.attn_layers))
         self.norm = LayerNorm(cfg.d_model, 1e-5, rw)
-        cos, sin = rope_tables(cfg.d_model, cfg.image_embedding_size, vcfg.attn_heads, vcfg.rope_theta)
+        e = cfg.image_embedding_size
+        if vcfg.cross_rope_q_grid not in (0, e):
+            raise ValueError(
+                f"cross-attention RoPE query grid {vcfg.cross_rope_q_grid} is not the frame's {e}x{e} grid"
+                f" (image size {cfg.image_size}); use image size {16 * vcfg.cross_rope_q_grid}"
+            )
+        cos, sin = rope_tables(cfg.d_model, e, vcfg.attn_heads, vcfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)  # (HW, C)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.key_tables = vcfg.cross_rope_k_grid > 0  # EdgeTAM: per-slot key tables (L + G*G, C)
+        if self.key_tables:
+            kcos, ksin = key_rope_tables(
+                cfg.d_model, vcfg.perceiver_latents, vcfg.cross_rope_k_grid, vcfg.attn_heads, vcfg.rope_theta
+            )
+            self.register_buffer("rope_cos_k", kcos, persistent=False)  # (L + G*G, C)
+            self.register_buffer("rope_sin_k", ksin, persistent=False)
+
+    def tables(self) -> tuple[torch.Tensor, ...]:
+        """The baked RoPE tables in ``forward``'s ``rope`` order: frame (cos, sin) [+ per-slot key (cos, sin)]."""
+        if self.key_tables:
+            return self.rope_cos, self.rope_sin, self.rope_cos_k, self.rope_sin_k
+        return self.rope_cos, self.rope_sin
 
     def forward(
         self,
@@ -152,15 +190,16 @@ class MemoryAttention(nn.Module):
         memory_pos: torch.Tensor,
         slots: int,
         key_bias: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
-        """curr, curr_pos (B, HW, C); memory, memory_pos (B, slots*HW + R, mem_dim); key_bias (B, Nk).
+        """curr, curr_pos (B, HW, C); memory, memory_pos (B, slots*n + R, mem_dim) (n = HW, or L + G*G perceiver
+        tokens); key_bias (B, Nk).
 
-        ``rope``: (cos, sin) tables (HW, C) given as inputs instead of the baked buffers (LiteRT's GPU delegate
+        ``rope``: the ``tables()`` given as inputs instead of the baked buffers (LiteRT's GPU delegate
         computes RoPE wrongly from constant tables: GPU-vs-CPU cosine 0.988, exact from input tables).
         Returns the memory-conditioned tokens (B, HW, C).
         """
         out = curr + 0.1 * curr_pos
         for layer in self.layers:
-            out = layer(out, memory, memory_pos, rope or (self.rope_cos, self.rope_sin), slots, key_bias)
+            out = layer(out, memory, memory_pos, rope or self.tables(), slots, key_bias)
         return self.norm(out)

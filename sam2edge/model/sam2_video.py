@@ -12,7 +12,8 @@ K = memory_slots, P = max_obj_ptrs, T = num_maskmem):
   decode:           pix_feat, feat_s0, feat_s1, prompt tokens, dense -> masks (1, 4, 4e, 4e),
                     iou (1, 4), object score logit (1, 1), object pointers (1, 4, C) (one per mask
                     token, the no-object pointer already mixed in where the score is <= 0)
-  encode_memory:    vision, low-res logits (1, 1, 4e, 4e), binarize (1, 1), score (1, 1) -> (1, M, e, e)
+  encode_memory:    vision, low-res logits (1, 1, 4e, 4e), binarize (1, 1), score (1, 1) -> (1, M, e, e), or
+                    with EdgeTAM's perceiver (1, L + G*G, M) tokens (then mem_feats is (K, L + G*G, M))
   downsample_mask:  binary mask (1, 1, S, S) -> (1, 1, 4e, 4e) (a mask prompt's decoder input)
 """
 
@@ -29,6 +30,7 @@ from sam2edge.model.image_encoder import sine_position_encoding
 from sam2edge.model.layers import MLP, Rewrites
 from sam2edge.model.memory_attention import MemoryAttention
 from sam2edge.model.memory_encoder import MemoryEncoder
+from sam2edge.model.perceiver import PerceiverResampler
 from sam2edge.model.sam2 import Sam2ImageModel
 
 KEY_REMOVED = -1e4  # additive logit bias of an empty memory slot (exp underflows to exactly 0)
@@ -71,13 +73,30 @@ class Sam2VideoModel(Sam2ImageModel):
         self.maskmem_tpos_enc = nn.Parameter(torch.zeros(vcfg.num_maskmem, 1, 1, m))
         self.no_mem_pos_enc = nn.Parameter(torch.zeros(1, 1, d))  # unused by SAM 2.1 (no_mem_embed is added)
         self.no_obj_ptr = nn.Parameter(torch.zeros(1, d))
-        self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, m))
+        if vcfg.no_obj_embed_spatial:
+            self.no_obj_embed_spatial = nn.Parameter(torch.zeros(1, m))
         self.obj_ptr_proj = MLP(d, d, d, 3)
-        self.obj_ptr_tpos_proj = nn.Linear(d, m)
+        if vcfg.ptr_tpos_enc:
+            self.obj_ptr_tpos_proj = nn.Linear(d, m)
         self.mask_downsample = nn.Conv2d(1, 1, kernel_size=4, stride=4)
         e = cfg.image_embedding_size
         curr_pos = sine_position_encoding(d, e, e).reshape(1, d, e * e).transpose(1, 2)  # (1, HW, C)
         mem_pos = sine_position_encoding(m, e, e).reshape(1, m, e * e).transpose(1, 2)  # (1, HW, M)
+        self.spatial_perceiver = None
+        if vcfg.perceiver_layers:
+            self.spatial_perceiver = PerceiverResampler(
+                m,
+                e,
+                vcfg.perceiver_layers,
+                vcfg.perceiver_latents,
+                vcfg.perceiver_latents_2d,
+                vcfg.perceiver_dim_head,
+                vcfg.perceiver_heads,
+                vcfg.perceiver_ff_mult,
+                vcfg.perceiver_self_attn,
+                rw,
+            )
+            mem_pos = self.spatial_perceiver.out_pos.unsqueeze(0)  # (1, L + G*G, M): a memory frame's tokens
         self.register_buffer("curr_pos", curr_pos.contiguous(), persistent=False)
         self.register_buffer("ptr_freqs", sine_freqs(d), persistent=False)  # (C/2,) pointer temporal encoding
         self.register_buffer("tpos_index", torch.arange(vcfg.num_maskmem).float(), persistent=False)  # (T,)
@@ -94,22 +113,29 @@ class Sam2VideoModel(Sam2ImageModel):
     def _memory_tokens(
         self, mem_feats: torch.Tensor, mem_tpos: torch.Tensor, ptrs: torch.Tensor, ptr_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Memory tokens and their position encodings, both (1, K*HW + P*C/M, M), slot-major."""
-        K, M, e, _ = mem_feats.shape
-        P, C = ptrs.shape
-        T = self.vcfg.num_maskmem
-        spatial = mem_feats.reshape(K, M, e * e).transpose(1, 2)  # (K, HW, M)
+        """Memory tokens and their position encodings, both (1, K*N + P*C/M, M), slot-major (N = HW, or the
+        perceiver's L + G*G tokens of a memory frame)."""
+        K, P, C = mem_feats.shape[0], ptrs.shape[0], ptrs.shape[1]
+        M, T = self.vcfg.mem_dim, self.vcfg.num_maskmem
+        if self.spatial_perceiver is None:
+            spatial = mem_feats.reshape(K, M, -1).transpose(1, 2)  # (K, HW, M)
+        else:
+            spatial = mem_feats  # (K, L + G*G, M): already tokens
+        N = spatial.shape[1]
         idx = self.tpos_index.to(mem_tpos.dtype).reshape(1, T)
         onehot = torch.relu(1.0 - (mem_tpos.reshape(K, 1) - idx).abs())  # (K, T): exact for integer t_pos
         tpos = onehot @ self.maskmem_tpos_enc.reshape(T, M)  # (K, M)
-        spatial_pos = self.mem_pos + tpos.reshape(K, 1, M)  # (K, HW, M)
+        spatial_pos = self.mem_pos + tpos.reshape(K, 1, M)  # (K, N, M)
         n = C // M  # tokens per pointer
         ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
-        ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C, self.ptr_freqs))  # (P, M)
-        ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
-        ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
-        memory = torch.cat([spatial.reshape(1, K * e * e, M), ptr_tokens], dim=1)
-        memory_pos = torch.cat([spatial_pos.reshape(1, K * e * e, M), ptr_pe], dim=1)
+        if self.vcfg.ptr_tpos_enc:
+            ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C, self.ptr_freqs))  # (P, M)
+            ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
+            ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
+        else:  # upstream add_tpos_enc_to_obj_ptrs=False: pointers carry a zero position (ptr_pos is unused)
+            ptr_pe = torch.zeros_like(ptr_tokens)
+        memory = torch.cat([spatial.reshape(1, K * N, M), ptr_tokens], dim=1)
+        memory_pos = torch.cat([spatial_pos.reshape(1, K * N, M), ptr_pe], dim=1)
         return memory, memory_pos
 
     def memory_attention_step(
@@ -121,14 +147,16 @@ class Sam2VideoModel(Sam2ImageModel):
         ptrs: torch.Tensor,
         ptr_pos: torch.Tensor,
         ptr_valid: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
-        """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e)."""
+        """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e).
+        ``rope``: ``MemoryAttention.tables()`` given as inputs (exported graphs)."""
         _, C, e, _ = vision.shape
         K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
+        N = HW if self.spatial_perceiver is None else mem_feats.shape[1]  # tokens per memory frame
         n = C // self.vcfg.mem_dim
         memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
-        mem_bias = repeat_cols(mem_valid.reshape(K, 1), HW).reshape(1, K * HW)  # (1, K*HW)
+        mem_bias = repeat_cols(mem_valid.reshape(K, 1), N).reshape(1, K * N)  # (1, K*N)
         ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
         curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
@@ -155,18 +183,29 @@ class Sam2VideoModel(Sam2ImageModel):
         return masks, iou, obj, ptrs
 
     def encode_memory(
-        self, vision: torch.Tensor, low_res: torch.Tensor, binarize: torch.Tensor, score: torch.Tensor
+        self,
+        vision: torch.Tensor,
+        low_res: torch.Tensor,
+        binarize: torch.Tensor,
+        score: torch.Tensor,
+        latents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Memory of one frame: low-res mask logits upsampled to S, binarised (point prompts) or
-        sigmoid, * scale + bias, fused with vision; no_obj_embed_spatial added where score <= 0."""
+        sigmoid, * scale + bias, fused with vision; no_obj_embed_spatial added where score <= 0 (SAM 2.1);
+        EdgeTAM: then compressed by the perceiver (``latents``: its latents as an input, see
+        ``PerceiverResampler.forward``). Batched over objects (B, ...) -> (B, M, e, e) or (B, N, M)."""
         s = self.cfg.image_size
         hi = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)  # (1, 1, S, S)
         b = binarize.reshape(-1, 1, 1, 1)
         mask = b * (hi > 0).to(hi.dtype) + (1.0 - b) * torch.sigmoid(hi)
         mask = mask * self.vcfg.sigmoid_scale + self.vcfg.sigmoid_bias
-        feats = self.memory_encoder(vision, mask)  # (1, M, e, e)
-        absent = 1.0 - (score > 0).to(feats.dtype).reshape(-1, 1, 1, 1)
-        return feats + absent * self.no_obj_embed_spatial.reshape(1, -1, 1, 1)
+        feats = self.memory_encoder(vision, mask)  # (B, M, e, e)
+        if self.vcfg.no_obj_embed_spatial:
+            absent = 1.0 - (score > 0).to(feats.dtype).reshape(-1, 1, 1, 1)
+            feats = feats + absent * self.no_obj_embed_spatial.reshape(1, -1, 1, 1)
+        if self.spatial_perceiver is not None:
+            return self.spatial_perceiver(feats, latents)  # (B, L + G*G, M)
+        return feats
 
     def downsample_mask(self, mask: torch.Tensor) -> torch.Tensor:
         return self.mask_downsample(mask)

@@ -27,7 +27,7 @@ class FrameOutput:
     pred_masks: np.ndarray  # 1x1x4ex4e low-res logits
     obj_ptr: np.ndarray  # 1xC
     score: np.ndarray  # 1x1 object-score logit
-    maskmem: np.ndarray | None = None  # 1xMxexe spatial memory (None until the memory encoder ran)
+    maskmem: np.ndarray | None = None  # 1xMxexe spatial memory, or 1xNxM perceiver tokens (None until encoded)
 
 
 @dataclass
@@ -103,7 +103,7 @@ def select_memory(
     mem: ObjectMemory, frame_idx: int, num_frames: int, cfg: Sam2Config, vcfg: Sam2VideoConfig, reverse: bool
 ) -> Selection:
     """The fixed-shape memory-attention inputs for one object on one frame."""
-    e, M, C = cfg.image_embedding_size, vcfg.mem_dim, cfg.d_model
+    e, C = cfg.image_embedding_size, cfg.d_model
     K, P = vcfg.memory_slots, vcfg.max_obj_ptrs
     spatial, drop_s = _fit(_spatial_entries(mem, frame_idx, vcfg, reverse), K)
     ptr_entries, t_max = _pointer_entries(mem, frame_idx, num_frames, vcfg, reverse)
@@ -111,7 +111,7 @@ def select_memory(
     tagged = [(0 if t in mem.cond else 1, d, t, o) for d, t, o in ptr_entries]
     kept, drop_p = _fit(tagged, P)
     inputs = MemoryInputs(
-        mem_feats=np.zeros((K, M, e, e), np.float32),
+        mem_feats=np.zeros((K, *vcfg.memory_frame_shape(e)), np.float32),
         mem_tpos=np.zeros((1, K), np.float32),
         mem_valid=np.zeros((1, K), np.float32),
         ptrs=np.zeros((P, C), np.float32),

@@ -1,19 +1,25 @@
-"""The tracking job behind ``sam2edge track``: prompts -> per-frame label maps -> PNG masks and an overlay video.
+"""The tracking job behind ``sam2edge track``: prompts -> per-frame label maps -> PNG masks (or COCO RLE per frame
+and object in a JSON file) and an overlay video.
 
-Prompts are in video pixels. Tracking runs forward from the earliest prompted frame and, with
-``reverse``, also backward from it; frames never reached get an empty label map.
+Prompts are in video pixels. Tracking runs forward from ``start`` (default: the earliest prompted frame) and, with
+``reverse``, also backward from it; ``max_frames`` bounds each pass as upstream's ``propagate_in_video``
+``max_frame_num_to_track`` does (frames start..start+K forward, start..start-K backward, clipped to the clip).
+Frames never reached get an empty label map in the PNG folder and no entry in the JSON file.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_dir, atomic_path
+from sam2edge.runtime.amg_utils import area_from_rle, coco_encode_rle, mask_to_rle
 from sam2edge.runtime.video_io import (
     MAX_OBJECT_ID,
     close_writer,
@@ -71,32 +77,107 @@ def add_prompts(predictor: Sam2VideoPredictor, state, prompts: list[Prompt]) -> 
         predictor.add_new_points_or_box(state, frame, obj, points=points, labels=labels, box=box)
 
 
+def check_span(start: int | None, max_frames: int | None, num_frames: int) -> None:
+    """One-line UserError for a start frame outside the clip or a negative frame budget."""
+    if start is not None and not 0 <= start < num_frames:
+        raise UserError(f"--start-frame {start} is out of range; the video has frames 0..{num_frames - 1}")
+    if max_frames is not None and max_frames < 0:
+        raise UserError(f"--max-frames {max_frames} is negative; give 0 or more (0: the start frame only)")
+
+
 def track(
     predictor: Sam2VideoPredictor,
     frames: list[np.ndarray],
     prompts: list[Prompt],
     reverse: bool,
     on_frame: Callable[[int], None] = lambda _: None,
+    start: int | None = None,
+    max_frames: int | None = None,
+    on_masks: Callable[[int, list[int], np.ndarray], None] | None = None,
 ) -> list[np.ndarray]:
-    """Label maps (HxW uint8, pixel = object id) for every frame; ``on_frame`` is called per tracked frame."""
+    """Label maps (HxW uint8, pixel = object id) for every frame; ``on_frame`` is called per tracked frame and
+    ``on_masks(frame, obj_ids, masks)`` with its (num_objects, H, W) bool masks (objects may overlap there).
+    ``start`` None: the earliest prompted frame; ``max_frames`` as upstream's ``max_frame_num_to_track``."""
     h, w = frames[0].shape[:2]
     check_prompts(prompts, len(frames), w, h)
+    check_span(start, max_frames, len(frames))
     state = predictor.init_state(frames)
     add_prompts(predictor, state, prompts)
     labels = [np.zeros((h, w), np.uint8) for _ in frames]
-    start = min(p.frame for p in prompts)
+    start = min(p.frame for p in prompts) if start is None else start
     passes = [False, True] if reverse else [False]
     for backwards in passes:
-        for f, obj_ids, masks in predictor.propagate_in_video(state, start_frame_idx=start, reverse=backwards):
-            labels[f] = label_map((masks[:, 0] > 0).numpy(), obj_ids)
+        for f, obj_ids, masks in predictor.propagate_in_video(state, start, max_frames, reverse=backwards):
+            binary = (masks[:, 0] > 0).numpy()  # (num_objects, H, W)
+            labels[f] = label_map(binary, obj_ids)
+            if on_masks is not None:
+                on_masks(f, list(obj_ids), binary)
             on_frame(f)
     return labels
 
 
-def frames_to_track(num_frames: int, prompts: list[Prompt], reverse: bool) -> int:
+def propagation_order(num_frames: int, start: int, max_frames: int | None, reverse: bool) -> range:
+    """The frames one ``propagate_in_video`` pass visits, as upstream: forward start..min(start+K, n-1), backward
+    start..max(start-K, 0), none backward from frame 0."""
+    k = num_frames if max_frames is None else max_frames
+    if reverse:
+        return range(start, max(start - k, 0) - 1, -1) if start > 0 else range(0)
+    return range(start, min(start + k, num_frames - 1) + 1)
+
+
+def frames_to_track(
+    num_frames: int, prompts: list[Prompt], reverse: bool, start: int | None = None, max_frames: int | None = None
+) -> int:
     """How many frame steps ``track`` makes (for a progress bar)."""
-    start = min(p.frame for p in prompts)
-    return (num_frames - start) + (start + 1 if reverse and start > 0 else 0)
+    start = min(p.frame for p in prompts) if start is None else start
+    passes = (False, True) if reverse else (False,)
+    return sum(len(propagation_order(num_frames, start, max_frames, r)) for r in passes)
+
+
+def coco_masks(obj_ids: list[int], masks: np.ndarray) -> list[dict]:
+    """(num_objects, H, W) bool -> [{"object", "segmentation" (COCO compressed RLE), "area", "bbox" XYWH}], with
+    the RLE code of ``sam2edge everything`` (``amg_utils``) and pycocotools' box."""
+    from pycocotools import mask as mask_utils
+
+    out = []
+    for obj, rle in zip(obj_ids, mask_to_rle(torch.from_numpy(np.ascontiguousarray(masks)))):
+        coco = coco_encode_rle(rle)
+        box = mask_utils.toBbox({**coco, "counts": coco["counts"].encode()}).tolist()
+        out.append({"object": int(obj), "segmentation": coco, "area": area_from_rle(rle), "bbox": box})
+    return out
+
+
+def load_predictor(checkpoint: str | None, model: str | None, config: str | None) -> Sam2VideoPredictor:
+    """The predictor of an export bundle (``model``, made with ``--video``) or of a checkpoint (eager); ``config``
+    None: the model the checkpoint's tensors (or the bundle's card) name. One-line UserError for a bundle of
+    another config than ``config`` or a bundle and a checkpoint together."""
+    from sam2edge.bundle import load_card
+    from sam2edge.config import get_config, get_video_config
+
+    if model is not None:
+        if checkpoint is not None:
+            raise UserError("pass --model (an export bundle) or --checkpoint (weights), not both")
+        held = load_card(Path(model)).get("config")
+        if config is not None and held != config:
+            raise UserError(
+                f"{model} is a {held} bundle but --config is {config}; drop --config or pass --config {held}"
+            )
+        return Sam2VideoPredictor.from_export(model)
+    configs = (get_config(config), get_video_config(config)) if config else ()
+    return Sam2VideoPredictor.from_checkpoint(checkpoint, *configs)
+
+
+def is_json(out: str | Path) -> bool:
+    """``--out`` names a JSON file of COCO RLE masks (else a folder of palette PNGs)."""
+    return Path(out).suffix.lower() == ".json"
+
+
+def write_json(doc: dict, dest: str | Path, frames: list[np.ndarray], labels, overlay, fps: float) -> None:
+    """The masks document (``coco_masks`` per tracked frame) and the overlay video; each atomic, both or neither."""
+    with atomic_path(dest) as tmp:
+        tmp.write_text(json.dumps(doc))
+        if overlay is not None:
+            _write_overlay(frames, labels, Path(overlay), fps)
 
 
 def write_outputs(
@@ -127,7 +208,8 @@ def _write_overlay(frames: list[np.ndarray], labels: list[np.ndarray], dest: Pat
 def refuse_existing(out_dir: str | Path, overlay: str | Path | None) -> None:
     """Never write over a user's folder or file: fail before any work."""
     if Path(out_dir).exists():
-        raise UserError(f"{out_dir} already exists; pass a new folder to --out")
+        kind = "file" if is_json(out_dir) else "folder"
+        raise UserError(f"{out_dir} already exists; pass a new {kind} to --out")
     if overlay is not None:
         if Path(overlay).exists():
             raise UserError(f"{overlay} already exists; pass a new file to --overlay")

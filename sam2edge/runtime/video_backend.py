@@ -9,7 +9,7 @@ everything else (frame selection, object bookkeeping, mask selection) in numpy:
   memory_attention(vision, MemoryInputs)             -> pix_feat 1xCxexe
   decode(pix_feat, feats, coords 1xNx2, labels 1xN, mask_input 1x1x4ex4e | None)
                                                      -> VideoDecoded (all four mask tokens)
-  encode_memory(vision, low_res 1x1x4ex4e, binarize, score 1x1) -> memory 1xMxexe
+  encode_memory(vision, low_res 1x1x4ex4e, binarize, score 1x1) -> memory 1xMxexe (EdgeTAM: 1xNxM tokens)
   downsample_mask(mask 1x1xSxS)                      -> 1x1x4ex4e
 
 plus the constant ``no_obj_ptr`` (1xC). ``EagerVideoBackend`` runs the PyTorch model in fp32; exported
@@ -38,7 +38,7 @@ class FrameFeatures:
 
 @dataclass
 class MemoryInputs:
-    mem_feats: np.ndarray  # KxMxexe spatial memories, slot-major (empty slots: zeros)
+    mem_feats: np.ndarray  # KxMxexe spatial memories (EdgeTAM: KxNxM perceiver tokens), slot-major, empty: zeros
     mem_tpos: np.ndarray  # 1xK index into maskmem_tpos_enc (num_maskmem - t_pos - 1)
     mem_valid: np.ndarray  # 1xK 1.0 filled / 0.0 empty
     ptrs: np.ndarray  # PxC object pointers (empty slots: zeros)

@@ -19,6 +19,13 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
   rope_tables.bin   float32 LE: RoPE cos [HW,C] | sin [HW,C] (axial, row-major grid; memory_attention's inputs)
   + the prompt tables of ``runtime.litert_backend.TABLE_FILES`` (every target: the tokens are host-encoded)
 
+EdgeTAM (a perceiver compresses each memory frame to N = L + G*G tokens): mem_feats is [K,N,M]; memory_attention
+takes no ptr_pos (its pointers carry no temporal encoding) and two more tables, rope_cos_k, rope_sin_k [N,C] (one
+memory frame's key rotation: identity rows for the L global latents, then the G x G grid), stored after the
+frame tables in rope_tables.bin; memory_encoder takes no score but the perceiver's latents [N,M]
+(``perceiver_latents.bin``, float32 LE; an input, not constants: see ``PerceiverResampler.forward``) and returns
+memory [1,N,M] (``graph_io``).
+
 The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
 One runner per target (``RUNNERS``) wraps that target's own session code; the memory bank, frame
 selection and object bookkeeping stay in ``video_predictor`` / ``memory_bank``.
@@ -55,8 +62,24 @@ VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 EXTENSIONS = {"litert": ".tflite", "onnx": ".onnx", "executorch": ".pte"}
 CONST_FILE = "video_const.bin"
 ROPE_FILE = "rope_tables.bin"  # float32 LE: RoPE cos [HW, C] | sin [HW, C], memory_attention's last two inputs
+LATENTS_FILE = "perceiver_latents.bin"  # float32 LE: EdgeTAM's perceiver latents [N, M], memory_encoder's input
 DEFAULT_VIDEO_TOKENS = 8  # prompt-token slots of video_decoder: box corners + points + 1 pad
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def graph_io(role: str, vcfg: Sam2VideoConfig) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """``VIDEO_GRAPHS[role]`` for a video config: EdgeTAM's memory attention drops ``ptr_pos`` (no pointer
+    temporal encoding) and adds the per-slot key tables (RoPEAttentionv2); its memory encoder drops ``score``
+    (no no-object embedding)."""
+    stem, ins, outs = VIDEO_GRAPHS[role]
+    if role == "memory-encoder" and not vcfg.no_obj_embed_spatial:
+        ins = tuple(n for n in ins if n != "score")
+    if role == "memory-encoder" and vcfg.memory_tokens:
+        ins += ("latents",)
+    if role == "memory-attention":
+        ins = tuple(n for n in ins if n != "ptr_pos" or vcfg.ptr_tpos_enc)
+        ins += ("rope_cos_k", "rope_sin_k") if vcfg.cross_rope_k_grid else ()
+    return stem, ins, outs
 
 
 def video_file(target: str, role: str) -> str:
@@ -82,13 +105,26 @@ def read_const(folder: Path, c: int) -> dict[str, np.ndarray]:
     return {k: arr[o : o + n].astype(np.float32) for k, (o, n) in layout.items()}
 
 
-def read_rope(folder: Path, hw: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+def read_rope(folder: Path, hw: int, c: int, n_k: int = 0) -> tuple[np.ndarray, ...]:
+    """(cos, sin) [hw, c], then with ``n_k`` the key tables (cos_k, sin_k) [n_k, c]."""
     path = Path(folder) / ROPE_FILE
     arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
-    if arr.size != 2 * hw * c:
-        raise UserError(f"{path} holds {arr.size} floats, expected {2 * hw * c}; re-export the bundle with --video")
-    cos, sin = arr.astype(np.float32).reshape(2, hw, c)
-    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+    want = 2 * (hw + n_k) * c
+    if arr.size != want:
+        raise UserError(f"{path} holds {arr.size} floats, expected {want}; re-export the bundle with --video")
+    arr = arr.astype(np.float32)
+    frame = arr[: 2 * hw * c].reshape(2, hw, c)
+    keys = arr[2 * hw * c :].reshape(2, n_k, c) if n_k else ()
+    return tuple(np.ascontiguousarray(t) for t in (*frame, *keys))
+
+
+def read_latents(folder: Path, vcfg: Sam2VideoConfig) -> np.ndarray:
+    path = Path(folder) / LATENTS_FILE
+    arr = np.fromfile(path, dtype="<f4") if path.is_file() else np.zeros(0, "<f4")
+    n, m = vcfg.memory_tokens, vcfg.mem_dim
+    if arr.size != n * m:
+        raise UserError(f"{path} holds {arr.size} floats, expected {n * m}; re-export the bundle with --video")
+    return np.ascontiguousarray(arr.astype(np.float32).reshape(n, m))
 
 
 def _litert_runner(path: Path, role: str, threads: int | None) -> Runner:
@@ -112,10 +148,10 @@ def _executorch_runner(path: Path, role: str, threads: int | None) -> Runner:
     from sam2edge.runtime.executorch_backend import load_method
 
     method = load_method(path, "re-run `sam2edge export --target executorch --video`")
-    _, ins, outs = VIDEO_GRAPHS[role]
+    outs = VIDEO_GRAPHS[role][2]
 
-    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        res = method.execute([torch.from_numpy(feed[n]) for n in ins])
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # feed: the graph's inputs in call order
+        res = method.execute([torch.from_numpy(v) for v in feed.values()])
         return {n: t.numpy().copy() for n, t in zip(outs, res)}
 
     return run
@@ -172,7 +208,9 @@ class BundleVideoBackend:
         self.const = read_const(folder, cfg.d_model)
         self.no_obj_ptr = self.const["no_obj_ptr"].reshape(1, -1)
         self._no_mem = self.const["no_mem_embed"].reshape(1, -1, 1, 1)
-        self.rope = read_rope(folder, cfg.image_embedding_size**2, cfg.d_model)
+        self.rope = read_rope(folder, cfg.image_embedding_size**2, cfg.d_model, vcfg.memory_tokens or 0)
+        self.inputs = {role: graph_io(role, vcfg)[1] for role in VIDEO_GRAPHS}
+        self.latents = read_latents(folder, vcfg) if vcfg.memory_tokens else None
 
     def encode_frame(self, image: np.ndarray) -> FrameFeatures:
         f = self.image.encode(_f32(image))
@@ -182,8 +220,9 @@ class BundleVideoBackend:
         return vision + self._no_mem
 
     def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
-        args = (vision, mem.mem_feats, mem.mem_tpos, mem.mem_valid, mem.ptrs, mem.ptr_pos, mem.ptr_valid, *self.rope)
-        feed = dict(zip(VIDEO_GRAPHS["memory-attention"][1], (_f32(a) for a in args)))
+        given = {**vars(mem), "vision": vision}
+        given.update(zip(("rope_cos", "rope_sin", "rope_cos_k", "rope_sin_k"), self.rope))
+        feed = {n: _f32(given[n]) for n in self.inputs["memory-attention"]}
         return self.run["memory-attention"](feed)["pix_feat"]
 
     def decode(self, pix_feat, feats: FrameFeatures, coords, labels, mask_input) -> VideoDecoded:
@@ -204,8 +243,9 @@ class BundleVideoBackend:
 
     def encode_memory(self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray) -> np.ndarray:
         b = np.full((1, 1), 1.0 if binarize else 0.0, np.float32)
-        feed = {"vision": _f32(vision), "low_res": _f32(low_res), "binarize": b, "score": _f32(score).reshape(1, 1)}
-        return self.run["memory-encoder"](feed)["memory"]
+        given = {"vision": _f32(vision), "low_res": _f32(low_res), "binarize": b, "score": _f32(score).reshape(1, 1)}
+        given["latents"] = self.latents
+        return self.run["memory-encoder"]({n: given[n] for n in self.inputs["memory-encoder"]})["memory"]
 
     def downsample_mask(self, mask: np.ndarray) -> np.ndarray:
         """mask 1x1xSxS -> 1x1x(S/4)x(S/4): the 4x4 stride-4 convolution, on the host."""

@@ -6,8 +6,12 @@ Coordinate frames: ``points`` Nx2 (X, Y) and ``box`` XYXY are in video pixels
 ``> 0`` is the mask. Objects are tracked one at a time (batch 1), as upstream does.
 
 Differences from upstream: frames are uint8 at model resolution, normalised when encoded; the memory graph has
-fixed slots (``memory_bank``); upstream's ``fill_hole_area`` (8, CUDA-only, skipped on CPU by upstream) runs on
-the host (scipy, 8-connected; 0 turns it off). ``from_export``: the same API over an export bundle.
+fixed slots (``memory_bank``). Hole filling: the predictor fills small background holes (``fill_hole_area = 8``
+low-resolution pixels, 8-connected, on the host with scipy; 0 turns it off) as upstream's video predictor does on
+CUDA, while upstream on a CPU skips that step with a warning (its connected components are a CUDA kernel), so on
+a CPU upstream's masks can keep holes that ours fill (``tests/test_video_parity.py::test_hole_filling_end_to_end``
+compares a whole session with upstream given a CPU stand-in for its connected components).
+``from_export``: the same API over an export bundle.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from sam2edge.config import HIERA_TINY, VIDEO_TINY, Sam2Config, Sam2VideoConfig
+from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
@@ -76,13 +80,20 @@ class Sam2VideoPredictor:
     def from_checkpoint(
         cls,
         path_or_id: str | None = None,
-        cfg: Sam2Config = HIERA_TINY,
-        vcfg: Sam2VideoConfig = VIDEO_TINY,
+        cfg: Sam2Config | None = None,
+        vcfg: Sam2VideoConfig | None = None,
         fill_hole_area: int = 8,
     ) -> Sam2VideoPredictor:
-        """Eager fp32 predictor from a Meta .pt / HF .safetensors path, a hub id, or None (synthetic)."""
+        """Eager fp32 predictor from a Meta .pt / HF .safetensors path (SAM 2.1 or EdgeTAM), a hub id, or None
+        (synthetic). ``cfg`` / ``vcfg`` None: the model the checkpoint's tensor shapes name (Hiera-Tiny for
+        synthetic weights)."""
+        from sam2edge.config import get_config, get_video_config
+        from sam2edge.weights import checkpoint_config
         from sam2edge.weights.video import load_video_weights
 
+        if cfg is None or vcfg is None:
+            name = checkpoint_config(path_or_id)
+            cfg, vcfg = cfg or get_config(name), vcfg or get_video_config(name)
         sd, prov = load_video_weights(path_or_id, cfg, vcfg)
         return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov, fill_hole_area)
 

@@ -3,6 +3,9 @@
 * Meta ``sam2.1_hiera_tiny.pt`` (``{"model": state_dict}``): sam2edge uses upstream SAM2Base's
   names for the image path, so the map is the identity; the video-only parts are named in
   ``META_VIDEO_ONLY`` and skipped.
+* EdgeTAM's ``edgetam.pt`` is the same layout with timm's RepViT names under ``image_encoder.trunk.body.`` and the
+  perceiver (``spatial_perceiver.``) among the video-only parts; transformers' ``EdgeTamModel`` /
+  ``EdgeTamVideoModel`` hold that trunk under ``vision_encoder.backbone.timm_model.``, the rest as ``Sam2Model``.
 * Hugging Face ``model.safetensors`` (transformers ``Sam2Model`` / ``Sam2VideoModel`` names):
   ``HF_RULES`` rewrites a sam2edge name into the HF name, applied in order. Special cases:
   - ``sam_prompt_encoder.point_embeddings.{i}.weight`` (1, C) is row i of HF's
@@ -25,6 +28,7 @@ META_VIDEO_ONLY = (
     "no_mem_pos_enc",
     "no_obj_ptr",
     "no_obj_embed_spatial",
+    "spatial_perceiver.",  # EdgeTAM's memory compressor
 )
 
 HF_VIDEO_ONLY = (
@@ -37,12 +41,14 @@ HF_VIDEO_ONLY = (
     "no_memory_positional_encoding",
     "no_object_pointer",
     "occlusion_spatial_embedding_parameter",
+    "spatial_perceiver.",  # EdgeTamVideoModel's memory compressor
 )
 
 # (pattern, replacement) applied one after another with re.sub to a sam2edge name.
 HF_RULES: tuple[tuple[str, str], ...] = (
     # top-level modules
     (r"^no_mem_embed$", "no_memory_embedding"),
+    (r"^image_encoder\.trunk\.body\.", "vision_encoder.backbone.timm_model."),  # EdgeTAM's RepViT (timm names)
     (r"^image_encoder\.trunk\.", "vision_encoder.backbone."),
     (r"^image_encoder\.neck\.convs\.(\d+)\.conv\.", r"vision_encoder.neck.convs.\1."),
     (

@@ -108,14 +108,16 @@ def to_sam2edge(sd: dict[str, torch.Tensor], fmt: str, expected: dict[str, torch
                 if primary in sd and not torch.equal(sd[alias], sd[primary]):
                     misshaped.append(f"{alias} differs from its tied copy {primary}")
     unexpected = sorted(k for k in sd if k not in used and not is_video_only(k, fmt))
+    edgetam = any(".trunk.body." in k for k in expected)  # EdgeTAM's RepViT under timm names
+    family, files = ("EdgeTAM", "edgetam.pt") if edgetam else ("SAM 2.1", "sam2.1_hiera_*.pt")
     problems = [
         _summary(k, v) for k, v in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)) if v
     ]
     if problems:
         raise WeightsError(
-            f"checkpoint {source} does not match SAM 2.1 {fmt} naming: "
+            f"checkpoint {source} does not match {family} {fmt} naming: "
             + "; ".join(problems)
-            + "; pass an unmodified SAM 2.1 checkpoint (sam2.1_hiera_*.pt or model.safetensors)"
+            + f"; pass an unmodified {family} checkpoint ({files} or model.safetensors)"
         )
     return out
 

@@ -1,4 +1,7 @@
-"""Which SAM 2.1 size a checkpoint holds, read from its tensor shapes (Meta or HF naming).
+"""Which model (SAM 2.1 size or EdgeTAM) a checkpoint holds, read from its tensor shapes (Meta or HF naming).
+
+EdgeTAM's RepViT trunk is told by its timm names (``stem.conv1.c.weight``): its widths and blocks per stage are
+read from the token mixers' shapes (``stages_{i}.blocks.{j}.token_mixer.conv.c.weight``).
 
 Shapes fix a trunk's stage-1 width (``pos_embed`` channels), its pos-embed background grid and
 first window side, its block count and stage boundaries (the first block of a stage carries a
@@ -27,6 +30,11 @@ _LAYOUT = {
     "meta": ("image_encoder.trunk.", "image_encoder.neck.convs.0.conv.weight"),
     "hf": ("vision_encoder.backbone.", "vision_encoder.neck.convs.0.weight"),
 }
+# format -> RepViT trunk prefix (EdgeTAM: timm's repvit_m1 names, ``stages_{i}.blocks.{j}.``) and FPN conv, as above
+_REPVIT_LAYOUT = {
+    "meta": ("image_encoder.trunk.body.", "image_encoder.neck.convs.0.conv.weight"),
+    "hf": ("vision_encoder.backbone.timm_model.", "vision_encoder.neck.convs.0.weight"),
+}
 DEFAULT_CONFIG = "sam2.1-hiera-tiny"  # the synthetic checkpoint's size when none is named
 
 
@@ -35,12 +43,35 @@ class SizeError(UserError):
 
 
 def config_signature(cfg: Sam2Config) -> tuple:
-    """(stage-1 width, stages, pos-embed background, first window side, FPN width) of a config."""
+    """(stage-1 width, stages, pos-embed background, first window side, FPN width) of a Hiera config;
+    ("repvit", widths, blocks per stage, FPN width) of a RepViT (EdgeTAM) config."""
+    if cfg.trunk == "repvit":
+        return ("repvit", tuple(cfg.repvit_dims), tuple(cfg.repvit_depths), cfg.d_model)
     return (cfg.embed_dim, tuple(cfg.stages), tuple(cfg.window_pos_embed_bkg), cfg.window_spec[0], cfg.d_model)
+
+
+def _repvit_signature(shapes: Mapping[str, tuple[int, ...]]) -> tuple | None:
+    """("repvit", widths, blocks per stage, FPN width) read from timm-named RepViT tensors; None if none."""
+    for body, neck in _REPVIT_LAYOUT.values():
+        if body + "stem.conv1.c.weight" not in shapes or neck not in shapes:
+            continue
+        block = re.compile(re.escape(body) + r"stages_(\d+)\.blocks\.(\d+)\.token_mixer\.conv\.c\.weight$")
+        blocks: dict[int, list[int]] = {}
+        for k, shape in shapes.items():
+            if m := block.match(k):
+                blocks.setdefault(int(m.group(1)), []).append(int(shape[0]))
+        n = max(blocks, default=-1) + 1
+        if sorted(blocks) != list(range(n)) or n == 0:
+            return ("repvit", (), (), int(shapes[neck][0]))
+        dims = tuple(blocks[i][0] for i in range(n))
+        return ("repvit", dims, tuple(len(blocks[i]) for i in range(n)), int(shapes[neck][0]))
+    return None
 
 
 def shape_signature(shapes: Mapping[str, tuple[int, ...]]) -> tuple | None:
     """The same signature read from a checkpoint's {name: shape} (Meta or HF names); None if no trunk."""
+    if (sig := _repvit_signature(shapes)) is not None:
+        return sig
     for trunk, neck in _LAYOUT.values():
         pe, pew = shapes.get(trunk + "pos_embed"), shapes.get(trunk + "pos_embed_window")
         if pe is None or pew is None or neck not in shapes:
@@ -56,7 +87,9 @@ def shape_signature(shapes: Mapping[str, tuple[int, ...]]) -> tuple | None:
 
 def _describe(sig: tuple | None) -> str:
     if sig is None:
-        return "no SAM 2.1 image encoder"
+        return "no SAM 2.1 or EdgeTAM image encoder"
+    if sig[0] == "repvit":
+        return f"RepViT widths {list(sig[1])}, blocks {list(sig[2])}, FPN width {sig[3]}"
     return f"Hiera width {sig[0]}, stages {list(sig[1])}, FPN width {sig[4]}"
 
 
@@ -68,11 +101,15 @@ def detect_config(sd: Mapping[str, torch.Tensor | tuple[int, ...]], source: str 
     """
     sig = shape_signature({k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in sd.items()})
     matches = [name for name, cfg in CONFIGS.items() if sig is not None and config_signature(cfg) == sig]
+    if not matches and sig is not None and sig[0] == "repvit":
+        # a damaged RepViT (a token mixer missing or mis-shaped): the one EdgeTAM config of that FPN width, so that
+        # the strict key map names the tensor instead of a shape summary
+        matches = [n for n, c in CONFIGS.items() if c.trunk == "repvit" and c.d_model == sig[3]][:1]
     if not matches:
         known = ", ".join(n for n in CONFIGS if not n.startswith("test-"))
         raise SizeError(
-            f"{source} holds {_describe(sig)}, which is none of the SAM 2.1 sizes ({known});"
-            " pass an unmodified SAM 2.1 checkpoint"
+            f"{source} holds {_describe(sig)}, which is none of the known models ({known});"
+            " pass an unmodified SAM 2.1 or EdgeTAM checkpoint"
         )
     return sorted(matches, key=lambda n: n.startswith("test-"))[0]
 
@@ -119,7 +156,7 @@ def check_size(sd: Mapping[str, torch.Tensor], cfg: Sam2Config, source: str) -> 
     A checkpoint that matches no size is left to the strict key map, which lists what is wrong.
     """
     sig = shape_signature({k: tuple(v.shape) for k, v in sd.items()})
-    if sig is None or sig == config_signature(cfg):
+    if sig is None or sig == config_signature(cfg) or sig not in {config_signature(c) for c in CONFIGS.values()}:
         return
     try:
         held = detect_config(sd, source)

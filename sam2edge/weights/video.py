@@ -1,10 +1,13 @@
 """Weights of the video model: the image path through ``load.to_sam2edge`` plus the memory path.
 
 * Meta ``.pt``: sam2edge's video names are upstream ``SAM2Base`` names (identity), the prefixes that
-  ``keymap.META_VIDEO_ONLY`` lists as video-only for the image model.
+  ``keymap.META_VIDEO_ONLY`` lists as video-only for the image model, plus EdgeTAM's ``spatial_perceiver.``
+  (the original EdgeTAM ``edgetam.pt`` holds the same names).
 * HF ``.safetensors`` (transformers ``Sam2VideoModel`` names): ``VIDEO_HF_RULES`` rewrite a sam2edge
   video name into the HF name (checked against transformers' ``Sam2VideoModel`` state dict).
-Kept apart from ``load.py`` so the image loader stays as it is.
+Every SAM 2.1 size (``config.VIDEO_CONFIGS``) has the same memory-path names and shapes; the size is read from
+the image trunk's shapes (``sizes.detect_config``) as for the image path. Kept apart from ``load.py`` so the image
+loader stays as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sam2edge.weights.load import (
     sha256_file,
     to_sam2edge,
 )
+from sam2edge.weights.sizes import check_size
 
 # (pattern, replacement) applied one after another with re.sub to a sam2edge video name.
 VIDEO_HF_RULES: tuple[tuple[str, str], ...] = (
@@ -47,6 +51,7 @@ VIDEO_HF_RULES: tuple[tuple[str, str], ...] = (
     (r"(memory_fuser\.layers\.\d+)\.norm\.", r"\1.layer_norm."),
     (r"(memory_fuser\.layers\.\d+)\.pwconv([12])\.", r"\1.pointwise_conv\2."),
 )
+MEMORY_PATH = tuple(dict.fromkeys((*META_VIDEO_ONLY, "spatial_perceiver.")))  # sam2edge names of the memory path
 _DOWNSAMPLER = re.compile(r"^memory_encoder\.mask_downsampler\.encoder\.(\d+)\.(.+)$")
 
 
@@ -67,7 +72,7 @@ def video_hf_name(name: str, final_index: int) -> str:
 def video_expected_shapes(cfg: Sam2Config, vcfg: Sam2VideoConfig) -> dict[str, torch.Size]:
     """Shapes of the memory-path tensors only (the image path is ``load.expected_shapes``)."""
     sd = build_sam2_video(cfg, vcfg).state_dict()
-    return {k: v.shape for k, v in sd.items() if k.startswith(META_VIDEO_ONLY)}
+    return {k: v.shape for k, v in sd.items() if k.startswith(MEMORY_PATH)}
 
 
 def map_video_tensors(
@@ -87,9 +92,10 @@ def map_video_tensors(
             out[name] = sd[src].float()
     if problems:
         shown = ", ".join(problems[:4]) + (f", +{len(problems) - 4} more" if len(problems) > 4 else "")
+        family = "EdgeTAM" if vcfg.perceiver_layers else "SAM 2.1"
         raise WeightsError(
-            f"checkpoint {source} lacks SAM 2.1's video tensors ({shown}); pass an unmodified"
-            " sam2.1_hiera_tiny.pt or the model.safetensors of facebook/sam2.1-hiera-tiny"
+            f"checkpoint {source} lacks {family}'s video tensors ({shown}); pass an unmodified official"
+            f" {family} checkpoint (edgetam.pt, sam2.1_hiera_*.pt or a Hugging Face model.safetensors)"
         )
     return out
 
@@ -112,6 +118,8 @@ def load_video_weights(
     if path == SYNTHETIC:
         return synthetic_video_state_dict(cfg, vcfg), {"checkpoint": SYNTHETIC, "format": SYNTHETIC, "sha256": None}
     sd, fmt = read_checkpoint(path)
-    mapped = to_sam2edge(sd, fmt, expected_shapes(cfg), str(path))
+    check_size(sd, cfg, f"checkpoint {path}")  # another size than cfg: one line naming both
+    image = {k: v for k, v in sd.items() if not k.startswith("spatial_perceiver.")}  # memory path, mapped below
+    mapped = to_sam2edge(image, fmt, expected_shapes(cfg), str(path))
     mapped.update(map_video_tensors(sd, fmt, cfg, vcfg, str(path)))
     return mapped, {"checkpoint": str(path), "format": fmt, "sha256": sha256_file(path)}
