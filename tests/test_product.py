@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -150,9 +151,12 @@ def test_no_work_log_references_in_tracked_files():
 def test_wheel_installs_and_segments(tmp_path):
     """The wheel holds the package, its web assets and sample photo access; installed on its own (no source
     tree on the path) it answers --version and segments a bundled photo."""
-    dist = tmp_path / "dist"
+    src, dist = tmp_path / "src", tmp_path / "dist"  # built from a copy: setuptools writes build/ beside the source
+    shutil.copytree(ROOT / "sam2edge", src / "sam2edge", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
     r = _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr

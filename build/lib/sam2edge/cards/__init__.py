@@ -1,1 +1,0 @@
-"""Model cards rendered from card.json, fidelity.json and measured records."""

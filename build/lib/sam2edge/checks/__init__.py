@@ -1,1 +1,0 @@
-"""Checks: graph lint, numeric fidelity, benchmarks."""

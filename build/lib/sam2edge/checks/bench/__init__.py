@@ -1,1 +1,0 @@
-"""Benchmarks: bundles and upstream timed on the same photos."""

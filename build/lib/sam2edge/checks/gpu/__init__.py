@@ -1,1 +1,0 @@
-"""GPU check: run .tflite graphs on the GPU delegate (software or real) against the CPU, in subprocesses."""

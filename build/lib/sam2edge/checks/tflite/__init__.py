@@ -1,1 +1,0 @@
-"""Tools over .tflite flatbuffers: the GPU lint and graph slicing."""

@@ -1,1 +1,0 @@
-"""Export targets: one module per runtime, each a build / convert / verify trio."""
