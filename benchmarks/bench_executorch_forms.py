@@ -1,4 +1,4 @@
-"""ExecuTorch XNNPACK: the decoder and encoder programs before and after sessions 28-29, side by side at full size.
+"""ExecuTorch XNNPACK: the decoder and encoder programs in their earlier and current forms, side by side at full size.
 
     python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--int8] [--runs 40] [--profile]
 
