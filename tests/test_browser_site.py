@@ -135,3 +135,14 @@ def test_site_without_headers_and_tampered_file(browser, site, tmp_path):
     finally:
         page.close()
         srv.shutdown()
+    shutil.copyfile(site / "model/decoder.tflite", bad / "model/decoder.tflite")
+    (bad / "model/gaussian.bin").unlink()  # a model file that fails to load
+    srv, page, logs = open_site(browser, bad, isolate=True)
+    try:
+        status = page.inner_text("#status")
+        assert "gaussian.bin failed to load (HTTP 404)" in status, status
+        assert not [m for m in logs if m.startswith("pageerror")], logs
+        assert page.locator("#file").is_enabled()  # the page stays usable
+    finally:
+        page.close()
+        srv.shutdown()
