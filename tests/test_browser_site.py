@@ -81,6 +81,12 @@ def test_web_writes_site_and_refuses_user_folder(bundle, site, tmp_path, capsys)
     assert main(["web", str(bundle), "--out", str(user)]) == 2
     assert "did not write" in capsys.readouterr().err
     assert [p.name for p in user.iterdir()] == ["notes.txt"] and (user / "notes.txt").read_text() == "keep me"
+    again = tmp_path / "again"
+    assert main(["web", str(bundle), "--out", str(again)]) == 0
+    assert main(["web", str(bundle), "--out", str(again)]) == 0  # a site this command wrote is replaced
+    (again / "model" / "mine.txt").write_text("keep me")  # ... unless it holds a file of the user's
+    assert main(["web", str(bundle), "--out", str(again)]) == 2
+    assert (again / "model" / "mine.txt").read_text() == "keep me"
     assert main(["web", str(tmp_path), "--out", str(tmp_path / "x")]) == 2  # not a bundle
     assert not (tmp_path / "x").exists()
 

@@ -71,6 +71,22 @@ def _check_out(out: Path) -> None:
             f"--out {out} is a non-empty folder that `sam2edge web` did not write; pass a new or empty folder "
             "(nothing was written or overwritten)"
         )
+    if (out / MARKER).is_file():
+        try:
+            written = set(json.loads((out / MARKER).read_text())["files"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            written = set()
+        extra = sorted(_listing(out) - written - {MARKER})
+        if extra:
+            raise UserError(
+                f"--out {out} holds {extra[0]}, which `sam2edge web` did not write; move it away or pass another "
+                "folder (nothing was written or overwritten)"
+            )
+
+
+def _listing(folder: Path) -> set[str]:
+    """Every file under ``folder``, relative, POSIX-style."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()}
 
 
 def site_config(bundle: Path) -> tuple[dict, list[str]]:
@@ -139,7 +155,8 @@ def write_site(bundle: str | Path, out: str | Path) -> Path:
         tracking = "yes (video graphs)" if cfg["tracker"] else "no: " + cfg["tracker_note"]
         text = README.format(bundle=bundle.name, config=cfg["config"], size=cfg["resolution"], tracking=tracking)
         (stage / "README.md").write_text(text)
-        (stage / MARKER).write_text(json.dumps({"bundle": str(bundle.resolve())}))
+        listing = sorted(_listing(stage))
+        (stage / MARKER).write_text(json.dumps({"bundle": str(bundle.resolve()), "files": listing}))
         if out.exists():
             shutil.rmtree(out)  # empty, or a site this command wrote (checked above)
         stage.rename(out)
