@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "card": ("card", "render a bundle's README.md model card from card.json, fidelity.json and records"),
     "manifest": ("manifest", "check (or rewrite) a bundle's manifest.json: SHA-256 and size of every file"),
     "serve": ("serve", "tap-to-segment web app: encoder on the server, decoder in the browser (LiteRT.js)"),
+    "web": ("web", "write a static site (page, LiteRT.js, model files) where every model stage runs in the browser"),
     "embed": ("embed", "encode a dataset once (locally or on Ray Data) into a store of embeddings"),
     "diagnose": ("diagnose", "fp16 vs fp32 layer by layer for a target or bundle: where precision is lost"),
     "report": ("report", "measured tables (Markdown) and charts (PNG) from benchmark records: docs/benchmarks.md"),

@@ -5,6 +5,7 @@ decoder runs in the browser with LiteRT.js; without it, the eager model (``--che
 synthetic weights) encodes and the page decodes on the server, and says so. A LiteRT bundle exported with
 ``--video`` also offers "Open video": the server decodes the clip and encodes its frames, the page tracks
 (memory attention, video decoder and memory encoder in the browser; ``serve.clips``, ``static/tracker.js``).
+With no server compute at all (the encoder in the page too, static files only): ``sam2edge web BUNDLE --out site/``.
 """
 
 from __future__ import annotations

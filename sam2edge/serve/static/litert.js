@@ -3,6 +3,10 @@
 // LiteRT.js comes from the npm package served under /vendor/ (import map in the page), never a CDN.
 
 let runtime = null; // {liteRt, variant, threads}
+let wasmDir = '/vendor/@litertjs/core/wasm/'; // the static site serves it relative to the page (setWasmDir)
+export function setWasmDir(dir) {
+  wasmDir = dir;
+}
 const consoleLines = [];
 
 // LiteRT prints its INFO/WARN lines through console.*; keep them to parse the partition report.
@@ -30,7 +34,6 @@ export function consoleMark() {
 export async function loadRuntime(variant = 'threads') {
   if (runtime) return runtime;
   const core = await import('@litertjs/core');
-  const wasmDir = '/vendor/@litertjs/core/wasm/';
   const tries = variant === 'plain' ? ['plain'] : [variant, 'plain'];
   let lastError = null;
   for (const v of tries) {

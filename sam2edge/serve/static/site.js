@@ -1,0 +1,219 @@
+// The static site's page: every model stage in the browser with LiteRT.js. config.json (written by
+// `sam2edge web`) names the graphs; each model file is checked against model/manifest.json (SHA-256, Web
+// Crypto) before it is compiled. Photo -> preprocessing here (RGB /255, bilinear antialiased resize to S x S as
+// torchvision, ImageNet mean/std) -> encoder -> decoder per tap.
+import { adapterInfo, loadRuntime, nameOutputs, orderInputs, runModel, setWasmDir } from './litert.js';
+import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
+
+const MEAN = [0.485, 0.456, 0.406];
+const STD = [0.229, 0.224, 0.225];
+const f32 = Math.fround;
+const $ = (id) => document.getElementById(id);
+const state = { ready: false, busy: false, image: null, error: null, decodes: 0, runtime: null, lastMask: null };
+window.sam2edge = state;
+
+function setStatus(text, isError = false) {
+  $('status').textContent = text;
+  $('status').classList.toggle('error', isError);
+  if (isError) state.error = text;
+}
+
+async function sha256Hex(bytes) {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+// The bytes of a model file, refused (Error naming it) when they differ from the manifest's SHA-256.
+async function verifiedBytes(url, manifest) {
+  const name = url.replace(/^model\//, '');
+  const entry = manifest[name];
+  if (!entry) throw new Error(`model file ${name} is not in model/manifest.json; rebuild the site with sam2edge web`);
+  const res = await fetch(url);
+  if (!res.ok) throw new Error(`model file ${name} failed to load (HTTP ${res.status}); rebuild the site with sam2edge web`);
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  const hex = await sha256Hex(bytes);
+  if (hex !== entry.sha256) {
+    throw new Error(`model file ${name} fails its SHA-256 check (modified or corrupt); refused. Rebuild the site with sam2edge web`);
+  }
+  return bytes;
+}
+
+// torchvision's antialiased bilinear weights along one axis (PyTorch _upsample_bilinear2d_aa).
+function aaWeights(inSize, outSize) {
+  const scale = inSize / outSize;
+  const support = scale >= 1 ? scale : 1;
+  const inv = scale >= 1 ? 1 / scale : 1;
+  const rows = [];
+  for (let i = 0; i < outSize; i++) {
+    const center = scale * (i + 0.5);
+    const xmin = Math.max(Math.trunc(center - support + 0.5), 0);
+    const xmax = Math.min(Math.trunc(center + support + 0.5), inSize);
+    const w = [];
+    let total = 0;
+    for (let j = xmin; j < xmax; j++) {
+      const x = Math.abs((j - center + 0.5) * inv);
+      const v = x < 1 ? 1 - x : 0;
+      w.push(v);
+      total += v;
+    }
+    rows.push({ xmin, w: w.map((v) => (total ? v / total : 0)) });
+  }
+  return rows;
+}
+
+// RGBA pixels (w x h) -> 1x3xSxS float32, as runtime.preprocess.preprocess.
+export function preprocess(rgba, w, h, s) {
+  const out = new Float32Array(3 * s * s);
+  const ax = aaWeights(w, s);
+  const ay = aaWeights(h, s);
+  const tmp = new Float32Array(3 * h * s); // horizontal pass: 3 x h x S
+  for (let c = 0; c < 3; c++) {
+    for (let y = 0; y < h; y++) {
+      for (let x = 0; x < s; x++) {
+        const { xmin, w: wt } = ax[x];
+        let acc = 0;
+        for (let k = 0; k < wt.length; k++) acc += wt[k] * f32(rgba[4 * (y * w + xmin + k) + c] / 255);
+        tmp[(c * h + y) * s + x] = w === s ? f32(rgba[4 * (y * w + x) + c] / 255) : acc;
+      }
+    }
+    for (let y = 0; y < s; y++) {
+      const { xmin, w: wt } = ay[y];
+      for (let x = 0; x < s; x++) {
+        let v;
+        if (h === s) v = tmp[(c * h + y) * s + x];
+        else {
+          v = 0;
+          for (let k = 0; k < wt.length; k++) v += wt[k] * tmp[(c * h + xmin + k) * s + x];
+        }
+        out[(c * s + y) * s + x] = f32(f32(f32(v) - f32(MEAN[c])) / f32(STD[c]));
+      }
+    }
+  }
+  return out;
+}
+
+async function chooseAccelerator() {
+  const asked = new URLSearchParams(location.search).get('accel');
+  if (asked === 'wasm' || asked === 'webgpu') return asked;
+  const info = await adapterInfo().catch(() => null);
+  return info && !info.isFallbackAdapter ? 'webgpu' : 'wasm';
+}
+
+async function init() {
+  const cfg = await (await fetch('config.json')).json();
+  const manifest = (await (await fetch(cfg.manifest)).json()).files;
+  state.cfg = cfg;
+  setWasmDir(new URL('vendor/@litertjs/core/wasm/', location.href).href);
+  const rt = await loadRuntime('threads');
+  const accel = await chooseAccelerator();
+  const threads =
+    rt.variant === 'threads'
+      ? `wasm with ${rt.threads ?? '?'} threads`
+      : 'single-threaded wasm: the host does not send the COOP/COEP headers (see README.md)';
+  state.runtime = { variant: rt.variant, threads: rt.threads, accelerator: accel };
+  $('runtime-status').textContent = `LiteRT.js ${cfg.litertjs} · ${accel} · ${threads} · all stages in the page`;
+  const compile = async (url) => rt.liteRt.loadAndCompile(await verifiedBytes(url, manifest), { accelerator: accel });
+  state.encoder = await compile(cfg.encoder.url);
+  state.decoder = await compile(cfg.decoder.url);
+  state.tables = {};
+  for (const [k, url] of Object.entries(cfg.decoder.tables)) {
+    state.tables[k] = new Float32Array((await verifiedBytes(url, manifest)).buffer);
+  }
+  for (const g of Object.values(cfg.tracker?.graphs || {})) await verifiedBytes(g.url, manifest);
+  for (const url of Object.values(cfg.tracker?.tables || {})) await verifiedBytes(url, manifest);
+  state.numTokens = state.decoder.getInputDetails().find((d) => /sparse_valid/.test(d.name))?.shape[1] ?? 8;
+  state.ready = true;
+  const track = cfg.tracker ? 'tracking available' : `tracking needs a bundle exported with --video (${cfg.tracker_note})`;
+  setStatus(`ready: open a photo · ${cfg.bundle} ${cfg.resolution}px · ${track}`);
+}
+
+async function openPhoto(file) {
+  state.busy = true;
+  try {
+    const bmp = await createImageBitmap(file);
+    const c = $('photo-layer');
+    c.width = bmp.width;
+    c.height = bmp.height;
+    const ctx = c.getContext('2d');
+    ctx.drawImage(bmp, 0, 0);
+    const { data } = ctx.getImageData(0, 0, c.width, c.height);
+    const s = state.cfg.resolution;
+    const t0 = performance.now();
+    const outs = await runModel(state.encoder, [preprocess(data, c.width, c.height, s)]);
+    const named = nameOutputs(state.encoder, outs, state.cfg.encoder.outputs, state.cfg.encoder.outputs);
+    state.image = { w: c.width, h: c.height, feats: named, points: [], box: null };
+    $('mask-layer').width = c.width;
+    $('mask-layer').height = c.height;
+    $('clear').disabled = false;
+    setStatus(`${c.width}x${c.height} photo · encoder (page) ${(performance.now() - t0).toFixed(0)} ms`);
+  } catch (e) {
+    setStatus(`cannot open this photo: ${e.message}; pick a PNG or JPEG`, true);
+  } finally {
+    state.busy = false;
+  }
+}
+
+async function decode() {
+  const im = state.image;
+  const s = state.cfg.resolution;
+  const e = s / 16;
+  const { coords, labels } = promptLayout(im.points, im.box, im.w, im.h, s);
+  const { tokens, valid } = encodePoints(coords, labels, state.tables, s, state.numTokens);
+  const named = { ...im.feats, sparse_prompt: tokens, sparse_valid: valid, dense_prompt: noMaskDense(state.tables, e) };
+  const t0 = performance.now();
+  const outs = await runModel(state.decoder, orderInputs(state.decoder, named, state.cfg.decoder.inputs));
+  const out = nameOutputs(state.decoder, outs, state.cfg.decoder.outputs, state.cfg.decoder.outputs);
+  const multimask = im.points.length === 1 && !im.box;
+  const { logits } = chooseMask(out, 4 * e, multimask);
+  const mask = upsampleMask(logits, 4 * e, im.h, im.w);
+  state.lastMask = mask;
+  const ctx = $('mask-layer').getContext('2d');
+  const img = ctx.createImageData(im.w, im.h);
+  for (let i = 0; i < mask.length; i++) if (mask[i]) img.data.set([30, 144, 255, 120], 4 * i);
+  ctx.putImageData(img, 0, 0);
+  state.decodes += 1;
+  document.body.dataset.decodes = String(state.decodes);
+  $('latency').textContent = `decoder (page) ${(performance.now() - t0).toFixed(1)} ms`;
+}
+
+function photoXY(ev) {
+  const r = $('mask-layer').getBoundingClientRect();
+  return { x: ((ev.clientX - r.left) / r.width) * state.image.w, y: ((ev.clientY - r.top) / r.height) * state.image.h };
+}
+
+function wire() {
+  $('file').addEventListener('change', (ev) => ev.target.files[0] && openPhoto(ev.target.files[0]));
+  $('clear').addEventListener('click', () => {
+    if (!state.image) return;
+    state.image.points = [];
+    state.image.box = null;
+    $('mask-layer').getContext('2d').clearRect(0, 0, state.image.w, state.image.h);
+  });
+  const layer = $('mask-layer');
+  let down = null;
+  layer.addEventListener('contextmenu', (ev) => ev.preventDefault());
+  layer.addEventListener('mousedown', (ev) => {
+    if (state.image && state.ready) down = { ...photoXY(ev), button: ev.button, alt: ev.altKey };
+  });
+  layer.addEventListener('mouseup', (ev) => {
+    if (!down || state.busy) return;
+    const up = photoXY(ev);
+    const start = down;
+    down = null;
+    const dragged = Math.hypot(up.x - start.x, up.y - start.y) > 5 && start.button === 0;
+    if (dragged) {
+      state.image.box = { x0: Math.min(start.x, up.x), y0: Math.min(start.y, up.y), x1: Math.max(start.x, up.x), y1: Math.max(start.y, up.y) };
+    } else {
+      state.image.points.push({ x: up.x, y: up.y, label: start.button === 2 || start.alt ? 0 : 1 });
+    }
+    state.busy = true;
+    decode()
+      .catch((e) => setStatus(`the decoder failed: ${e.message}; press Clear and try again`, true))
+      .finally(() => {
+        state.busy = false;
+      });
+  });
+}
+
+wire();
+init().catch((e) => setStatus(e.message, true));
