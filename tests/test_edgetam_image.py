@@ -246,7 +246,7 @@ def test_seeds_differ(original_reduced):
 def test_predictor_matches_original_full_size(tmp_path):
     s = 1024
     inputs = dict(config="edgetam", seeds=SEEDS, image=_image(s), prompts=_prompts(s))
-    out = run_original(PREDICT, inputs)
+    out = run_original(PREDICT, inputs)["predict"]
     for seed in SEEDS:
         cos, iou = _parity(inputs, out[seed], tmp_path)
         print(f"edgetam seed {seed}: worst low-res logits cosine {cos:.7f}, worst mask IoU {iou:.5f}")
