@@ -458,3 +458,30 @@ def test_litert_and_executorch_exports_of_an_edgetam_checkpoint(edgetam_pt, tmp_
     if target == "litert":
         assert card["extra"]["gpu_clean"] is True
         assert "banned ops = NONE, >4-D tensors = 0" in out
+
+
+@pytest.mark.slow
+def test_full_size_litert_encoder_is_lint_clean_and_exact(tmp_path):
+    """EdgeTAM at 1024 px (synthetic perturbed weights): the LiteRT encoder graph has no banned op, no tensor above
+    rank 4, and computes the eager encoder."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from sam2edge.checks.tflite.lint import lint_file
+    from sam2edge.export.litert import convert_graph, graphs
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.weights import synthetic_state_dict
+
+    cfg = get_config("edgetam")
+    model = build_sam2(cfg, Rewrites())
+    model.load_state_dict(synthetic_state_dict(cfg, 5))
+    module, sample = graphs(model, 8)[ENCODER_FILE]
+    path = tmp_path / ENCODER_FILE
+    convert_graph(module, sample, path, "fp32")
+    report = lint_file(path)
+    assert report.clean and report.max_rank <= 4, report.problems()
+    with torch.no_grad():
+        want = module(**sample)
+    got = Interpreter(model_path=str(path)).get_signature_runner()(**{k: v.numpy() for k, v in sample.items()})
+    for name, ref in want.items():
+        assert _cosine(got[name], ref.numpy()) > 0.999999, name
