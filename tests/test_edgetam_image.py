@@ -10,8 +10,8 @@
 * Hugging Face layout: transformers' ``EdgeTamModel`` safetensors through the strict key map == transformers' own
   forward (full size); ``EdgeTamVideoModel``'s file loads as the image model; ``verify-official`` takes both.
 * Commands (segment, everything, embed, serve) take an EdgeTAM checkpoint with no model flag; a damaged one is one
-  line naming the tensor; exports through the same pipeline (LiteRT encoder lint-clean and exact, ONNX bundle
-  shippable with an EdgeTAM card; LiteRT and ExecuTorch bundles under ``-m slow``).
+  line naming the tensor; exports through the same pipeline (ONNX bundle shippable with an EdgeTAM card; the LiteRT
+  encoder graph lint-clean and exact, LiteRT and ExecuTorch bundles, under ``-m slow``).
 
 One child process per module computes every original output (a module fixture).
 """
@@ -408,6 +408,8 @@ def litert_encoder(edgetam_pt, tmp_path_factory):
     return path, sample, want
 
 
+@pytest.mark.slow  # ~25 s of conversion; in CI the reduced EdgeTAM encoder.tflite is linted (and GPU-checked) by
+# test_edgetam_video.py's LiteRT ``export --video`` of test-small-edgetam, which the pipeline refuses when dirty
 def test_litert_encoder_is_lint_clean_and_exact(litert_encoder):
     """No banned op, no tensor above rank 4, and the graph computes the eager encoder (fp32)."""
     from ai_edge_litert.interpreter import Interpreter
