@@ -10,8 +10,8 @@
 * Hugging Face layout: transformers' ``EdgeTamModel`` safetensors through the strict key map == transformers' own
   forward (full size); ``EdgeTamVideoModel``'s file loads as the image model; ``verify-official`` takes both.
 * Commands (segment, everything, embed, serve) take an EdgeTAM checkpoint with no model flag; a damaged one is one
-  line naming the tensor; exports through the same pipeline (LiteRT encoder lint-clean and exact, ONNX bundle
-  shippable with an EdgeTAM card; LiteRT and ExecuTorch bundles under ``-m slow``).
+  line naming the tensor; exports through the same pipeline (ONNX bundle shippable with an EdgeTAM card; the LiteRT
+  encoder graph lint-clean and exact, LiteRT and ExecuTorch bundles, under ``-m slow``).
 
 One child process per module computes every original output (a module fixture).
 """
@@ -246,7 +246,7 @@ def test_seeds_differ(original_reduced):
 def test_predictor_matches_original_full_size(tmp_path):
     s = 1024
     inputs = dict(config="edgetam", seeds=SEEDS, image=_image(s), prompts=_prompts(s))
-    out = run_original(PREDICT, inputs)
+    out = run_original(PREDICT, inputs)["predict"]
     for seed in SEEDS:
         cos, iou = _parity(inputs, out[seed], tmp_path)
         print(f"edgetam seed {seed}: worst low-res logits cosine {cos:.7f}, worst mask IoU {iou:.5f}")
@@ -408,6 +408,8 @@ def litert_encoder(edgetam_pt, tmp_path_factory):
     return path, sample, want
 
 
+@pytest.mark.slow  # ~25 s of conversion; in CI the reduced EdgeTAM encoder.tflite is linted (and GPU-checked) by
+# test_edgetam_video.py's LiteRT ``export --video`` of test-small-edgetam, which the pipeline refuses when dirty
 def test_litert_encoder_is_lint_clean_and_exact(litert_encoder):
     """No banned op, no tensor above rank 4, and the graph computes the eager encoder (fp32)."""
     from ai_edge_litert.interpreter import Interpreter
@@ -458,3 +460,30 @@ def test_litert_and_executorch_exports_of_an_edgetam_checkpoint(edgetam_pt, tmp_
     if target == "litert":
         assert card["extra"]["gpu_clean"] is True
         assert "banned ops = NONE, >4-D tensors = 0" in out
+
+
+@pytest.mark.slow
+def test_full_size_litert_encoder_is_lint_clean_and_exact(tmp_path):
+    """EdgeTAM at 1024 px (synthetic perturbed weights): the LiteRT encoder graph has no banned op, no tensor above
+    rank 4, and computes the eager encoder."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from sam2edge.checks.tflite.lint import lint_file
+    from sam2edge.export.litert import convert_graph, graphs
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.weights import synthetic_state_dict
+
+    cfg = get_config("edgetam")
+    model = build_sam2(cfg, Rewrites())
+    model.load_state_dict(synthetic_state_dict(cfg, 5))
+    module, sample = graphs(model, 8)[ENCODER_FILE]
+    path = tmp_path / ENCODER_FILE
+    convert_graph(module, sample, path, "fp32")
+    report = lint_file(path)
+    assert report.clean and report.max_rank <= 4, report.problems()
+    with torch.no_grad():
+        want = module(**sample)
+    got = Interpreter(model_path=str(path)).get_signature_runner()(**{k: v.numpy() for k, v in sample.items()})
+    for name, ref in want.items():
+        assert _cosine(got[name], ref.numpy()) > 0.999999, name

@@ -84,18 +84,11 @@ class Sam2VideoPredictor:
         vcfg: Sam2VideoConfig | None = None,
         fill_hole_area: int = 8,
     ) -> Sam2VideoPredictor:
-        """Eager fp32 predictor from a Meta .pt / HF .safetensors path (SAM 2.1 or EdgeTAM), a hub id, or None
-        (synthetic). ``cfg`` / ``vcfg`` None: the model the checkpoint's tensor shapes name (Hiera-Tiny for
-        synthetic weights)."""
-        from sam2edge.config import get_config, get_video_config
-        from sam2edge.weights import checkpoint_config
-        from sam2edge.weights.video import load_video_weights
+        """Eager fp32 predictor from a .pt / .safetensors path, hub id or None (synthetic); model: the checkpoint's."""
+        from sam2edge.weights.video import load_video_weights, video_configs
 
-        if cfg is None or vcfg is None:
-            name = checkpoint_config(path_or_id)
-            cfg, vcfg = cfg or get_config(name), vcfg or get_video_config(name)
-        sd, prov = load_video_weights(path_or_id, cfg, vcfg)
-        return cls(EagerVideoBackend.from_state_dict(sd, cfg, vcfg), prov, fill_hole_area)
+        sd, prov = load_video_weights(path_or_id, *(configs := video_configs(path_or_id, cfg, vcfg)))
+        return cls(EagerVideoBackend.from_state_dict(sd, *configs), prov, fill_hole_area)
 
     @classmethod
     def from_export(cls, folder, threads: int | None = None, fill_hole_area: int = 8) -> Sam2VideoPredictor:

@@ -110,6 +110,20 @@ def synthetic_video_state_dict(
     return {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
 
 
+def video_configs(
+    spec: str | None, cfg: Sam2Config | None = None, vcfg: Sam2VideoConfig | None = None
+) -> tuple[Sam2Config, Sam2VideoConfig]:
+    """(cfg, vcfg) for a checkpoint spec: those given, else the model its tensor shapes name (SAM 2.1 size or
+    EdgeTAM; Hiera-Tiny for synthetic weights)."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.weights.sizes import checkpoint_config
+
+    if cfg is None or vcfg is None:
+        name = checkpoint_config(spec)
+        cfg, vcfg = cfg or get_config(name), vcfg or get_video_config(name)
+    return cfg, vcfg
+
+
 def load_video_weights(
     spec: str | None, cfg: Sam2Config = HIERA_TINY, vcfg: Sam2VideoConfig = VIDEO_TINY
 ) -> tuple[dict[str, torch.Tensor], dict]:
