@@ -56,7 +56,7 @@ def test_onnx_fp16_storage_is_fp32_compute_on_rounded_weights(tmp_path):
     import onnx
     import onnxruntime as ort
 
-    from sam2edge.export.onnx import FP16_MIN_ELEMENTS, fp16_storage
+    from sam2edge.export.onnx_fp16 import FP16_MIN_ELEMENTS, fp16_storage
 
     m, x = _Small().eval(), _x()
     raw = tmp_path / "raw.onnx"

@@ -244,7 +244,7 @@ def test_fill_holes_matches_upstream(monkeypatch):
     """Our host hole filling == upstream's fill_holes_in_mask_scores (its CUDA components replaced by BFS)."""
     import sam2.utils.misc as misc
 
-    from sam2edge.runtime.video_predictor import fill_holes
+    from sam2edge.runtime.video_masks import fill_holes
 
     monkeypatch.setattr(misc, "get_connected_components", _components_by_flood_fill)
     g = torch.Generator().manual_seed(0)

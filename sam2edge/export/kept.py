@@ -21,7 +21,7 @@ _DECODER_FP16_WEIGHTS = (
     "decoder's weights fp32 the emulation holds: seed 0 median 0.99906, seed 1 worst 0.99258 and median 0.99943"
 )
 _IO = "fp32 inputs and outputs, cast at the graph edges"
-# why the ONNX and ExecuTorch fp16 encoders compute in fp32 on fp16-stored weights (export.onnx.fp16_storage,
+# why the ONNX and ExecuTorch fp16 encoders compute in fp32 on fp16-stored weights (export.onnx_fp16.fp16_storage,
 # export.executorch_graphs.Fp16Storage) instead of in fp16
 _FP16_STORAGE = (
     "fp16 weights, fp32 arithmetic: the error is weight rounding only. Full-size Hiera-Tiny, 40 clicks vs eager fp32, "

@@ -7,12 +7,8 @@ Files (single self-contained .onnx each, no external data, opset ``OPSET``, stan
   encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 products (``export.onnx_int8``)
 Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
 
-fp16: the encoder's weights are STORED in fp16 and computed in fp32 (``fp16_storage``: every float initializer
-of >= ``FP16_MIN_ELEMENTS`` values becomes fp16 behind a Cast to fp32, after the offline optimisation so that
-constant folding cannot undo it), like LiteRT's fp16 recipe on a CPU: the error is weight rounding only. fp16
-arithmetic (the former ``model.half()`` graph; onnxruntime's CPU provider has no fp16 GEMM speed-up on CPUs
-without fp16 arithmetic) missed the fp16 median bar for ordinary random checkpoints (``export.kept``).
-decoder.onnx (prompt encoder + mask decoder) stays fp32 (``export.kept.FP32_KEPT``); I/O stays fp32.
+fp16: the encoder's weights are STORED in fp16 and computed in fp32 (``export.onnx_fp16``), like LiteRT's fp16
+recipe on a CPU: the error is weight rounding only; decoder.onnx stays fp32 (``export.kept``); I/O stays fp32.
 
 Graph optimisation: onnxruntime's offline BASIC level (constant folding, redundant-node removal;
 output stays standard ONNX, so TensorRT / OpenVINO / onnxruntime-web can read it); the optimised graph
@@ -37,6 +33,7 @@ from sam2edge.config import Sam2Config, config_name, model_id
 from sam2edge.export import batched as bat
 from sam2edge.export import onnx_int8 as i8
 from sam2edge.export import video as vid
+from sam2edge.export.onnx_fp16 import fp16_storage
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel
@@ -121,33 +118,6 @@ def optimize(src: Path, dst: Path) -> dict:
         "nodes_before": len(before.graph.node),
         "nodes_after": len(after.graph.node),
     }
-
-
-FP16_MIN_ELEMENTS = 256  # smaller float constants (scales, eps, biases of tiny layers) stay fp32
-
-
-def fp16_storage(src: Path, dst: Path, min_elements: int = FP16_MIN_ELEMENTS) -> dict:
-    """``src`` with every float32 initializer of >= ``min_elements`` values stored as fp16 and cast back to
-    fp32 by a ``Cast`` node at the top of the graph: fp16 on disk, fp32 arithmetic on weights rounded to fp16
-    (onnxruntime folds the casts once when it opens the file). Returns the census for card.json."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    m = onnx.load(str(src))
-    casts, kept, stored = [], 0, 0
-    for i, init in enumerate(m.graph.initializer):
-        if init.data_type != TensorProto.FLOAT or int(np.prod(init.dims)) < min_elements:
-            kept += int(init.data_type == TensorProto.FLOAT)
-            continue
-        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), f"{init.name}__fp16")
-        casts.append(helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT, name=f"{half.name}_cast"))
-        m.graph.initializer[i].CopyFrom(half)
-        stored += 1
-    nodes = list(m.graph.node)
-    del m.graph.node[:]
-    m.graph.node.extend(casts + nodes)
-    onnx.save(m, str(dst), save_as_external_data=False)
-    return {"method": "fp16 initializers + Cast to fp32 (fp16 storage, fp32 compute)", "fp16": stored, "fp32": kept}
 
 
 def metadata(cfg: Sam2Config, precision: str, source: dict, role: str) -> dict[str, str]:

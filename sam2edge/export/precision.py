@@ -9,7 +9,7 @@ graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
               convolutions keep fp32 weights, the emulation rounds them too: the stricter of the two);
               the decoder graph fp32 (decoder.pte is fp32 in an fp16 bundle, ``FP32_KEPT``);
   onnx        fp32 arithmetic on fp16-rounded encoder weights, with ONNX's rewrites (native
-              LayerNormalization): ``export.onnx.fp16_storage`` stores the encoder's initializers as fp16
+              LayerNormalization): ``export.onnx_fp16.fp16_storage`` stores the encoder's initializers as fp16
               behind Casts to fp32; fp32 decoder.onnx;
   litert      fp32 arithmetic on fp16-rounded encoder weights: litert-torch's ``full_fp16_recipe`` stores
               weights as fp16 and the CPU kernels dequantize them (activations stay fp32); the decoder

@@ -29,6 +29,7 @@ from sam2edge.errors import UserError
 from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
 from sam2edge.runtime.video_io import read_frames
+from sam2edge.runtime.video_masks import fill_holes, stable_single_mask
 from sam2edge.validate import check_index, check_int, check_mask_2d, check_propagation, check_video_prompt
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -386,29 +387,3 @@ class Sam2VideoPredictor:
         if tuple(low.shape[-2:]) == (h, w):
             return low
         return F.interpolate(low, size=(h, w), mode="bilinear", align_corners=False)
-
-
-def stable_single_mask(masks: np.ndarray, iou: np.ndarray, cfg: Sam2Config) -> np.ndarray:
-    """SAM 2.1 dynamic single mask: token 0 if stable, else the best multimask candidate (1x1x4ex4e)."""
-    single = masks[:, 0:1]
-    area_i = np.float32((single > cfg.stability_delta).sum())  # fp32 division, as upstream
-    area_u = np.float32((single > -cfg.stability_delta).sum())
-    stability = area_i / area_u if area_u > 0 else np.float32(1.0)
-    if stability >= cfg.stability_thresh:
-        return single
-    k = 1 + int(np.argmax(iou[0, 1:]))
-    return masks[:, k : k + 1]
-
-
-def fill_holes(masks: np.ndarray, max_area: int) -> np.ndarray:
-    """Upstream ``fill_holes_in_mask_scores``: background (logit <= 0) components of 8-connected area
-    <= max_area get the logit 0.1. masks (N, 1, h, w) -> same shape."""
-    from scipy import ndimage
-
-    out = masks.copy()
-    for i in range(masks.shape[0]):
-        labels, _ = ndimage.label(masks[i, 0] <= 0, structure=np.ones((3, 3), bool))
-        areas = np.bincount(labels.ravel())
-        hole = (labels > 0) & (areas[labels] <= max_area)
-        out[i, 0][hole] = np.float32(0.1)
-    return out
