@@ -232,6 +232,48 @@ def sizes(folder: Path) -> dict:
     return {"files": files, "total_mb": round(sum(files.values()) / 1e6, 3)}
 
 
+def table_record(out: dict, config: str) -> dict:
+    """``out`` as a published record (``sam2edge.table/1``, rendered by ``sam2edge report``): one row per subject,
+    median ms per stage, total, the ratios; the raw per-frame timings kept under ``raw``."""
+    keys = {s: s.replace(" ", "_") for s in STAGES}
+    up, orig = out["subjects"]["sam2.1-tiny-upstream"], out["subjects"]["original-edgetam"]
+    rows = []
+    for name, r in out["subjects"].items():
+        med = r["median_ms"]
+        row = {
+            "subject": name,
+            **{keys[s]: round(med[s], 1) for s in STAGES if s in med},
+            "total": round(med["total"], 1),
+        }
+        row["vs_sam21_tiny"] = f"{med['total'] / up['median_ms']['total']:.2f}x"
+        row["vs_original"] = f"{med['total'] / orig['median_ms']['total']:.2f}x"
+        target = name.removeprefix("sam2edge-")
+        if target in out["bundle_sizes"]:
+            row["size_mb"] = out["bundle_sizes"][target]["total_mb"]
+        rows.append(row)
+    m = out["machine"]
+    return {
+        "schema": "sam2edge.table/1",
+        "id": f"edgetam-{config}-{out['date'][:10]}",
+        "title": f"EdgeTAM per tracked frame, steady state ({config}, {out['threads']} threads, one object)",
+        "date": out["date"][:10],
+        "command": out["command"],
+        "machine": {"cpu": m["cpu"], "cores": m["cores"], "vector_extensions": m["vector_extensions"]},
+        "sam2edge": {"version": __import__("sam2edge").__version__},
+        "columns": [
+            ["subject", "subject"],
+            *[[keys[s], f"{s} (ms)"] for s in STAGES],
+            ["total", "total (ms)"],
+            ["vs_sam21_tiny", "vs SAM 2.1-tiny upstream"],
+            ["vs_original", "vs original EdgeTAM"],
+            ["size_mb", "bundle (MB)"],
+        ],
+        "rows": rows,
+        "notes": [out["notes"], f"clip: {out['clip']}"],
+        "raw": out,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="edgetam", help="edgetam, or test-small-edgetam for a smoke run")
@@ -293,7 +335,7 @@ def main() -> None:
         "bundle_sizes": bundle_sizes,
     }
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(out, indent=1))
+    record.write_text(json.dumps(table_record(out, args.config), indent=1))
     print(f"{args.config}, {args.threads} threads, {args.runs} steady-state frame(s) of {W}x{H}; {m['cpu']}")
     print(f"{'subject':<24} " + " ".join(f"{s:>16}" for s in STAGES) + f" {'total ms':>9}")
     for name, r in results.items():
