@@ -23,7 +23,7 @@ from ai_edge_litert.interpreter import Interpreter
 from torch import nn
 
 from sam2edge.export.litert import convert_graph
-from sam2edge.runtime.onnx_backend import make_session
+from sam2edge.runtime.backends.onnx import make_session
 
 SHAPES = {"q": (1, 4096, 256), "kt": (1, 256, 28736), "v": (1, 28736, 64)}
 

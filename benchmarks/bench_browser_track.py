@@ -25,7 +25,7 @@ import numpy as np
 def write_clip(path: Path, frames: int, size=(640, 480), step: int = 12) -> None:
     from skimage import data
 
-    from sam2edge.runtime.video_io import close_writer, open_writer, write_frame
+    from sam2edge.runtime.video.io import close_writer, open_writer, write_frame
 
     photo, (w, h) = data.astronaut(), size
     container, stream = open_writer(path, ".webm", w, h, 10)
@@ -90,7 +90,7 @@ def _page_mask(page, frame: int) -> np.ndarray:
 
 def run_python(bundle: Path, clip: Path, calls: list[dict], threads: int) -> tuple[list[float], dict]:
     """The page's calls on Sam2VideoPredictor.from_export -> (ms per tracked frame, {frame: mask})."""
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
     pred = Sam2VideoPredictor.from_export(bundle, threads=threads)
     state = pred.init_state(str(clip))

@@ -51,7 +51,7 @@ from sam2edge.config import (  # noqa: E402
     get_config,
     get_video_config,
 )
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor  # noqa: E402
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor  # noqa: E402
 from tests.video_oracles import drifting_clip, upstream_video_predictor  # noqa: E402
 
 STAGES = ("encoder", "perceiver", "memory attention", "decoder", "memory encoder")
@@ -173,7 +173,7 @@ def original(config: str, clip: Path, frames: int, threads: int) -> tuple[list[d
 def bundles(state: dict, config: str, targets: list[str], workdir: Path, threads: int) -> dict:
     """target -> (predictor, timers, folder) of each fp32 ``--video`` bundle of the original's weights."""
     from sam2edge.export.pipeline import run_export
-    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.runtime.video.bundle import open_video_bundle
     from sam2edge.weights.video import load_video_weights
 
     ckpt = workdir / "original-edgetam.pt"  # the original's state dict, as the official edgetam.pt holds it

@@ -35,8 +35,8 @@ from oracles import meta_image_path  # noqa: E402
 from sam2edge.checks.bench.records import loadavg, machine, make_record, write_record  # noqa: E402
 from sam2edge.checks.fidelity import photo  # noqa: E402
 from sam2edge.config import CONFIGS  # noqa: E402
-from sam2edge.runtime.amg_utils import batched_nms  # noqa: E402
-from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator  # noqa: E402
+from sam2edge.runtime.automatic.amg_utils import batched_nms  # noqa: E402
+from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator  # noqa: E402
 from sam2edge.runtime.backends import EagerBackend  # noqa: E402
 from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
 

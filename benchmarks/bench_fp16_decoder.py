@@ -26,7 +26,7 @@ import torch
 from sam2edge.config import get_config
 from sam2edge.export.executorch_graphs import XnnDecoderGraph, decoder_inputs
 from sam2edge.model import build_sam2
-from sam2edge.runtime.executorch_backend import MAX_POINTS
+from sam2edge.runtime.backends.executorch import MAX_POINTS
 from sam2edge.weights import synthetic_state_dict
 
 
@@ -54,7 +54,7 @@ def _onnx(graph, args, folder: Path, threads: int):
 
 def _executorch(graph, args, folder: Path, threads: int):
     from sam2edge.export.executorch import lower_program
-    from sam2edge.runtime.executorch_backend import load_method
+    from sam2edge.runtime.backends.executorch import load_method
 
     prog, _ = lower_program(graph, args, "fp32", "decoder")
     path = folder / f"decoder_{id(graph)}.pte"

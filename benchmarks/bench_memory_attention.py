@@ -26,7 +26,7 @@ from sam2edge.export.video import MemoryAttentionGraph
 from sam2edge.model import Rewrites
 from sam2edge.model.memory_attention import rope_tables
 from sam2edge.model.sam2_video import build_sam2_video
-from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
 
 VARIANTS = {  # name -> (rewrites, LiteRT precision of export.litert.convert_graph)
     "rows": (Rewrites(rope_keys="rows"), "fp32"),

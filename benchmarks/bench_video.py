@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sam2edge.checks.bench.records import machine  # noqa: E402
 from sam2edge.config import get_config, get_video_config  # noqa: E402
 from sam2edge.model import UPSTREAM, Rewrites  # noqa: E402
-from sam2edge.runtime.video_backend import EagerVideoBackend  # noqa: E402
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor  # noqa: E402
+from sam2edge.runtime.video.backend import EagerVideoBackend  # noqa: E402
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor  # noqa: E402
 from sam2edge.weights.load import expected_shapes, to_sam2edge  # noqa: E402
 from sam2edge.weights.video import map_video_tensors  # noqa: E402
 from tests.video_oracles import drifting_clip, upstream_video_predictor  # noqa: E402
@@ -104,7 +104,7 @@ def existing_runners(folders: list[str], threads: int) -> dict:
 
 def bundle_runner(folder: Path, threads: int) -> tuple[Sam2VideoPredictor, Timers]:
     """(predictor, timers) of one ``--video`` bundle, each backend stage timed."""
-    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.runtime.video.bundle import open_video_bundle
 
     backend, _ = open_video_bundle(folder, threads=threads)
     return Sam2VideoPredictor(backend, fill_hole_area=0), wrap_backend(backend)

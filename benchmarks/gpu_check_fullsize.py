@@ -64,7 +64,7 @@ def rank_decoder(rank: int, bundle: Path, out_dir: Path) -> None:
     from sam2edge.config import get_config
     from sam2edge.export.litert import convert_graph, graphs
     from sam2edge.model import Rewrites, build_sam2
-    from sam2edge.runtime.litert_backend import CARD_CONST_FILE, DECODER_FILE, ENCODER_FILE, TABLE_FILES
+    from sam2edge.runtime.backends.litert import CARD_CONST_FILE, DECODER_FILE, ENCODER_FILE, TABLE_FILES
     from sam2edge.weights import load_weights
 
     card = load_card(bundle)

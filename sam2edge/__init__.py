@@ -16,16 +16,16 @@ __version__ = "0.2.0"
 # public name -> module that defines it (imported on first access)
 _LAZY: dict[str, str] = {
     "Sam2Predictor": "sam2edge.runtime.predictor",
-    "Sam2VideoPredictor": "sam2edge.runtime.video_predictor",
-    "Sam2AutomaticMaskGenerator": "sam2edge.runtime.automatic",
+    "Sam2VideoPredictor": "sam2edge.runtime.video.predictor",
+    "Sam2AutomaticMaskGenerator": "sam2edge.runtime.automatic.generator",
 }
 
 __all__ = ["Sam2AutomaticMaskGenerator", "Sam2Predictor", "Sam2VideoPredictor", "__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
-    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
     from sam2edge.runtime.predictor import Sam2Predictor
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "litert",
             "sam2edge.export.litert:SPEC",
-            "sam2edge.runtime.litert_backend:LiteRTBackend",
+            "sam2edge.runtime.backends.litert:LiteRTBackend",
             ("fp32", "fp16", "int8"),
             "LiteRT (.tflite)",
             "litert",
@@ -41,7 +41,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "onnx",
             "sam2edge.export.onnx:SPEC",
-            "sam2edge.runtime.onnx_backend:OnnxBackend",
+            "sam2edge.runtime.backends.onnx:OnnxBackend",
             ("fp32", "fp16", "int8"),
             "ONNX (onnxruntime)",
             "onnx",
@@ -50,7 +50,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "executorch",
             "sam2edge.export.executorch:SPEC",
-            "sam2edge.runtime.executorch_backend:ExecuTorchBackend",
+            "sam2edge.runtime.backends.executorch:ExecuTorchBackend",
             ("fp32", "fp16", "int8"),
             "ExecuTorch (.pte, XNNPACK)",
             "executorch",

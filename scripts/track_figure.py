@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 from skimage import data
 
 from sam2edge.cli.main import main as sam2edge_main
-from sam2edge.runtime.video_io import read_frames
+from sam2edge.runtime.video.io import read_frames
 from sam2edge.weights.video import synthetic_video_state_dict
 
 OBJ_SCORE_LIFT = 10.0  # added to the object-score head's last bias: objects stay "present" with random weights

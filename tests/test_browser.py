@@ -19,7 +19,7 @@ import torch
 
 from sam2edge.checks.fidelity import mask_iou, photo, photo_path
 from sam2edge.config import TEST_SMALL
-from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
+from sam2edge.runtime.backends.litert import CPU_ONLY_FILES
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
 from sam2edge.serve.assets import browser_decoder, litertjs_version
@@ -175,7 +175,7 @@ def test_server_fallback_says_so_and_matches(browser, server, predictor):
 def test_segment_everything_button(browser, server, predictor):
     """The bundle has the batched decoder, so the page shows "Segment everything"; a click shows the server's
     overlay in place of the photo and the mask count of the Python generator on the same bundle and grid."""
-    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
 
     page, _ = open_page(browser, server, "?everything_side=4")
     try:

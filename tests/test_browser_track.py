@@ -25,10 +25,10 @@ import pytest
 
 from sam2edge.checks.fidelity import mask_iou
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
-from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
-from sam2edge.runtime.video_io import close_writer, open_writer, write_frame
-from sam2edge.runtime.video_masks import fill_holes, stable_single_mask
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.runtime.video.io import close_writer, open_writer, write_frame
+from sam2edge.runtime.video.masks import fill_holes, stable_single_mask
+from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select_memory
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from sam2edge.serve.app import default_app_from_args
 from sam2edge.serve.assets import STATIC_DIR
 from tests.pages import open_ready_page

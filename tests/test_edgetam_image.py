@@ -393,7 +393,7 @@ def litert_encoder(edgetam_pt, tmp_path_factory):
     pytest.importorskip("litert_torch")
     from sam2edge.export.litert import convert_graph, graphs
     from sam2edge.model import Rewrites, build_sam2
-    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.runtime.backends.litert import ENCODER_FILE
     from sam2edge.weights import load_weights
 
     cfg = get_config("test-small-edgetam")
@@ -471,7 +471,7 @@ def test_full_size_litert_encoder_is_lint_clean_and_exact(tmp_path):
     from sam2edge.checks.tflite.lint import lint_file
     from sam2edge.export.litert import convert_graph, graphs
     from sam2edge.model import Rewrites, build_sam2
-    from sam2edge.runtime.litert_backend import ENCODER_FILE
+    from sam2edge.runtime.backends.litert import ENCODER_FILE
     from sam2edge.weights import synthetic_state_dict
 
     cfg = get_config("edgetam")

@@ -295,8 +295,8 @@ def _compare_sessions(ours, theirs) -> list[tuple[str, int, int, float]]:
 def _ours(state: dict, cfg, vcfg, folder):
     """Our predictor with the original's weights, read as a checkpoint file through the key map (as the official
     ``edgetam.pt``, the original's ``model`` dict, would be)."""
-    from sam2edge.runtime.video_backend import EagerVideoBackend
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.backend import EagerVideoBackend
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from sam2edge.weights.video import load_video_weights
 
     path = folder / "original.pt"
@@ -383,9 +383,9 @@ def test_bundle_tracks_like_eager(target, edgetam_small_weights, tmp_path):
     <= 4, no banned op) and resident on the GPU delegate (the export's own check, no --allow-dirty)."""
     from sam2edge.bundle import load_card
     from sam2edge.export.pipeline import run_export
-    from sam2edge.runtime.video_backend import EagerVideoBackend
-    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, video_file
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.backend import EagerVideoBackend
+    from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, video_file
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from tests.video_oracles import drifting_clip
 
     cfg, vcfg = get_config("test-small-edgetam"), get_video_config("test-small-edgetam")
@@ -435,7 +435,7 @@ def test_track_cli_takes_an_edgetam_checkpoint(tmp_path, capsys):
     from PIL import Image
 
     from sam2edge.cli.main import main
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from tests.video_oracles import drifting_clip
 
     state = run_original('OUT["state"] = build_original("test-small-edgetam", 1, video=True).state_dict()', {})

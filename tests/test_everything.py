@@ -28,8 +28,8 @@ from sam2edge.config import HIERA_TINY, TEST_SMALL
 from sam2edge.errors import UserError
 from sam2edge.export.batched import BATCH, GPU_TENSOR_BYTES, BatchedTokenDecoderGraph, rows_per_slice, sample_inputs
 from sam2edge.model import Rewrites, build_sam2
-from sam2edge.runtime import amg_utils as amg
-from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+from sam2edge.runtime.automatic import amg_utils as amg
+from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
 from sam2edge.runtime.backends import EagerBackend, decode_batch, decode_loop
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.weights import load_weights

@@ -24,7 +24,7 @@ from sam2edge.config import TEST_SMALL  # noqa: E402
 from sam2edge.errors import UserError  # noqa: E402
 from sam2edge.export.executorch import FP32_COSINE, SIZE_RATIO_MAX  # noqa: E402
 from sam2edge.export.pipeline import run_export  # noqa: E402
-from sam2edge.runtime.executorch_backend import MAX_POINTS, ExecuTorchBackend, pad_prompt  # noqa: E402
+from sam2edge.runtime.backends.executorch import MAX_POINTS, ExecuTorchBackend, pad_prompt  # noqa: E402
 from sam2edge.runtime.predictor import Sam2Predictor  # noqa: E402
 
 CFG = TEST_SMALL

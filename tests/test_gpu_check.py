@@ -205,7 +205,7 @@ def test_export_hook_refuses_partial_unless_allow_dirty(toys):
 @pytest.fixture(scope="module")
 def rank_decoders(tmp_path_factory):
     from sam2edge.export.litert import convert_graph, graphs
-    from sam2edge.runtime.litert_backend import DECODER_FILE
+    from sam2edge.runtime.backends.litert import DECODER_FILE
 
     folder = tmp_path_factory.mktemp("ranks")
     sd = synthetic_state_dict(TEST_SMALL, 0)
@@ -250,7 +250,7 @@ def test_texture_limit_is_device_limit_not_a_graph_verdict():
 @pytest.fixture(scope="module")
 def fp16_decoder(tmp_path_factory):
     from sam2edge.export.litert import convert_graph, graphs
-    from sam2edge.runtime.litert_backend import DECODER_FILE
+    from sam2edge.runtime.backends.litert import DECODER_FILE
 
     model = build_sam2(TEST_SMALL, Rewrites())
     model.load_state_dict(synthetic_state_dict(TEST_SMALL, 0))

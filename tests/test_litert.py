@@ -23,7 +23,7 @@ from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
 from sam2edge.model import Rewrites, build_sam2
-from sam2edge.runtime.litert_backend import CARD_CONST_FILE, LiteRTBackend, read_tables
+from sam2edge.runtime.backends.litert import CARD_CONST_FILE, LiteRTBackend, read_tables
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.prompts import encode_points, prompt_tables
 from sam2edge.weights import load_weights
@@ -245,7 +245,7 @@ def test_litert_matches_eager_with_mask_input(predictors):
 def test_cpu_runtime_loads_the_cpu_decoder_and_both_decoders_agree(bundle, predictors):
     """The bundle carries a decoder per accelerator; this CPU runtime picks decoder_cpu.tflite at load, and
     the GPU-clean decoder.tflite gives the same answers (both are measured against eager at export)."""
-    from sam2edge.runtime.litert_backend import LiteRTBackend
+    from sam2edge.runtime.backends.litert import LiteRTBackend
 
     _, test = predictors
     cpu = test.backend
@@ -383,8 +383,8 @@ def test_reduced_precision_leaves_the_image_decoders_fp32(precision):
     from types import SimpleNamespace
 
     from sam2edge.export.litert import IMAGE_DECODER_FILES, _precision
-    from sam2edge.runtime.litert_backend import ENCODER_FILE
-    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+    from sam2edge.runtime.backends.litert import ENCODER_FILE
+    from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
 
     job = SimpleNamespace(precision=precision)
     assert _precision(job, ENCODER_FILE) == precision

@@ -20,8 +20,8 @@ from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
 from sam2edge.export.onnx import export_onnx
-from sam2edge.runtime import onnx_backend as ob
 from sam2edge.runtime.backends import BACKENDS, EagerBackend
+from sam2edge.runtime.backends import onnx as ob
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.weights import synthetic_state_dict

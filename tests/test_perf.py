@@ -24,7 +24,7 @@ from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM, build_sam2
-from sam2edge.runtime.onnx_backend import OnnxBackend, has_vnni
+from sam2edge.runtime.backends.onnx import OnnxBackend, has_vnni
 from sam2edge.weights import synthetic_state_dict
 
 SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
@@ -232,7 +232,7 @@ def test_onnx_int8_vnni_encoder_missing_its_bar_is_left_out(tmp_path: Path, monk
     """A VNNI encoder that misses a bar is removed from the bundle (the portable encoder still ships), and
     ``SAM2EDGE_ORT_ENCODER`` / a CPU without VNNI make the backend open ``encoder.onnx``."""
     from sam2edge.export.pipeline import run_export
-    from sam2edge.runtime import onnx_backend as ob
+    from sam2edge.runtime.backends import onnx as ob
 
     monkeypatch.setattr(ob, "has_vnni", lambda cpuinfo=None: True)  # written and measured on any CPU
     out = tmp_path / "int8"
@@ -253,7 +253,7 @@ def test_onnx_int8_vnni_encoder_missing_its_bar_is_left_out(tmp_path: Path, monk
 
 
 def test_vnni_flags_are_read_from_cpuinfo() -> None:
-    from sam2edge.runtime.onnx_backend import has_vnni
+    from sam2edge.runtime.backends.onnx import has_vnni
 
     assert has_vnni("processor : 0\nflags : fpu avx2 avx512f avx512_vnni\n")
     assert has_vnni("flags\t\t: sse avx2 avx_vnni\n")

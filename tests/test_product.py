@@ -36,8 +36,8 @@ def test_top_level_api_is_lazy(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [
         "sam2edge.runtime.predictor",
-        "sam2edge.runtime.video_predictor",
-        "sam2edge.runtime.automatic",
+        "sam2edge.runtime.video.predictor",
+        "sam2edge.runtime.automatic.generator",
     ]
     import sam2edge
 

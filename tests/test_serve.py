@@ -259,7 +259,7 @@ def test_segment_everything_equals_the_generator():
     from amg_oracle import confident_
     from oracles import meta_image_path
 
-    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
     from sam2edge.runtime.backends import EagerBackend, has_batched_decoder
     from sam2edge.runtime.overlay import render_masks
 

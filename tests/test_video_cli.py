@@ -11,7 +11,7 @@ from PIL import Image
 
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
-from sam2edge.runtime.video_io import read_frames
+from sam2edge.runtime.video.io import read_frames
 from sam2edge.weights.video import synthetic_video_state_dict
 from tests.video_oracles import OBJ_SCORE_LIFT, drifting_clip
 
@@ -122,7 +122,7 @@ def test_track_json_is_the_png_masks_as_coco_rle(clip, tmp_path):
 def test_track_start_and_max_frames_as_upstream_propagate(clip, tmp_path):
     """--start-frame 2 --max-frames 1 --reverse visits frames 2, 3 then 2, 1 (propagate_in_video's
     start_frame_idx / max_frame_num_to_track); the masks are the Python API's on the same calls."""
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
     out = tmp_path / "masks.json"
     argv = ["--point", "1:90,60", "--box", "1:20,75,100,140@2", "--reverse", "--start-frame", "2", "--max-frames", "1"]

@@ -15,8 +15,8 @@ from sam2edge.checks.fidelity.metrics import mask_iou
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, video_file
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, video_file
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from tests.video_oracles import drifting_clip
 
 TARGETS = ("litert", "onnx", "executorch")
@@ -195,8 +195,8 @@ def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle
     status follows them, and the card says what stayed fp32 and why."""
     from sam2edge.export.pipeline import run_export
     from sam2edge.export.video import samples
-    from sam2edge.runtime.onnx_backend import has_vnni
-    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.runtime.backends.onnx import has_vnni
+    from sam2edge.runtime.video.bundle import open_video_bundle
 
     out = tmp_path / "int8"
     options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}

@@ -150,7 +150,7 @@ def test_memory_bank_overflow_keeps_nearest_conditioning_frames():
     """More conditioning frames than slots: the farthest give way, counted in ``dropped``."""
     import numpy as np
 
-    from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
+    from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select_memory
 
     mem = ObjectMemory()
     for t in range(12):
@@ -169,7 +169,7 @@ def test_every_size_loads_from_its_checkpoint(tmp_path, size):
     """A video checkpoint of each size is detected from its tensors (no config given) and loads strictly; the same
     file with another size's config is one line naming both."""
     from sam2edge.config import SIZES, get_config, get_video_config
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from sam2edge.weights.sizes import SizeError
 
     reduced = SIZES[size][1]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sam2edge.config import HIERA_TINY, SIZES, TEST_SMALL, VIDEO_TEST_SMALL, VIDEO_TINY, get_config, get_video_config
-from sam2edge.runtime.video_backend import EagerVideoBackend
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.runtime.video.backend import EagerVideoBackend
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from sam2edge.weights.load import expected_shapes, to_sam2edge
 from sam2edge.weights.video import map_video_tensors
 from tests.video_oracles import drifting_clip, upstream_video_predictor
@@ -196,7 +196,7 @@ def test_video_api_parity_small(tmp_path):
 
 def test_init_state_reads_a_video_file(tmp_path):
     """An .mp4 written by PyAV reads back with its frame count and size (upstream reads mp4 with decord)."""
-    from sam2edge.runtime.video_io import close_writer, open_writer, write_frame
+    from sam2edge.runtime.video.io import close_writer, open_writer, write_frame
 
     frames = drifting_clip(tmp_path / "clip", 4, (200, 150))
     container, stream = open_writer(tmp_path / "clip.mp4", ".mp4", 200, 150, 10)
@@ -244,7 +244,7 @@ def test_fill_holes_matches_upstream(monkeypatch):
     """Our host hole filling == upstream's fill_holes_in_mask_scores (its CUDA components replaced by BFS)."""
     import sam2.utils.misc as misc
 
-    from sam2edge.runtime.video_masks import fill_holes
+    from sam2edge.runtime.video.masks import fill_holes
 
     monkeypatch.setattr(misc, "get_connected_components", _components_by_flood_fill)
     g = torch.Generator().manual_seed(0)
@@ -293,7 +293,7 @@ def test_hole_filling_end_to_end(tmp_path, monkeypatch):
 
 def _bank(upstream, cfg, vcfg, cond: set[int], frames: range, seed: int):
     """The same random memories for both: upstream's output_dict and our ObjectMemory."""
-    from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory
+    from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory
 
     g = torch.Generator().manual_seed(seed)
     e, M, C = cfg.image_embedding_size, vcfg.mem_dim, cfg.d_model
@@ -326,7 +326,7 @@ def test_full_memory_bank_matches_upstream_full_size():
 
 
 def _full_bank(cfg, vcfg, frame_idx, reverse, cond, official_yaml):
-    from sam2edge.runtime.memory_bank import select_memory
+    from sam2edge.runtime.video.memory_bank import select_memory
 
     upstream = upstream_video_predictor(cfg, vcfg, seed=2, official_yaml=official_yaml)
     with torch.no_grad():  # larger temporal encodings (same in both) so that every slot's position shows

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from pycocotools import mask as mask_utils
 
     from sam2edge.cli.segment import image_path
-    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
     from sam2edge.runtime.overlay import render_masks
     from sam2edge.runtime.predictor import Sam2Predictor
     from sam2edge.runtime.preprocess import load_image

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from sam2edge.config import VIDEO_CONFIGS
-from sam2edge.runtime.track import Prompt
+from sam2edge.runtime.video.track import Prompt
 
 _PROMPT = re.compile(r"^(?P<frame>\d+):(?P<values>[^@]+?)(?:@(?P<obj>-?\d+))?$")
 
@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from sam2edge.runtime import track as job
-    from sam2edge.runtime.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
-    from sam2edge.runtime.video_io import read_frames, video_fps
+    from sam2edge.runtime.video import track as job
+    from sam2edge.runtime.video.io import read_frames, video_fps
+    from sam2edge.runtime.video.track import check_prompts, frames_to_track, refuse_existing, track, write_outputs
     from sam2edge.validate import check_disjoint
 
     prompts = list(args.point) + list(args.box)

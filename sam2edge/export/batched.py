@@ -30,7 +30,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config
 from sam2edge.model import Sam2ImageModel
-from sam2edge.runtime.litert_backend import BATCHED_DECODER_FILE  # noqa: F401 - the bundle file name
+from sam2edge.runtime.backends.litert import BATCHED_DECODER_FILE  # noqa: F401 - the bundle file name
 
 BATCH = 64  # prompts per call: a 32x32 grid is 16 calls (``options={"batch": B}`` / ``job.state["batch"]``)
 GRID_TOKENS = 2  # one point + upstream's pad point

@@ -2,7 +2,7 @@
 
 Writes ``encoder.pte`` (``XnnEncoderGraph``) and ``decoder.pte`` (``XnnDecoderGraph``, prompt encoder
 inside, ``MAX_POINTS`` prompt slots), ``fidelity.json``, ``card.json``, ``manifest.json``; I/O of both
-programs in ``sam2edge.runtime.executorch_backend``.
+programs in ``sam2edge.runtime.backends.executorch``.
 
 Model: ``Rewrites(transposed_conv="matmul")`` (the 2x2 transposed convolutions as GEMMs, faster than XNNPACK's
 deconvolution; the zero-stuff form would need zero-filled tensors it cannot make), rank-4 math attention,
@@ -50,7 +50,7 @@ from sam2edge.export.executorch_graphs import (
 from sam2edge.export.executorch_lower import lower
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.runtime.executorch_backend import (
+from sam2edge.runtime.backends.executorch import (
     BATCHED_DECODER_FILE,
     DECODER_CPU_FILE,
     DECODER_FILE,
@@ -221,7 +221,7 @@ OUTSIDE_WHY = {
 
 def outside_why(census: dict) -> dict[str, dict[str, str]]:
     """Program -> operator outside the delegate -> why, for the video programs and the batched decoder."""
-    from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+    from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
 
     stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()} | {BATCHED_DECODER_FILE.split(".")[0]}
     unknown = "not claimed by XnnpackPartitioner (reason not investigated)"

@@ -1,6 +1,6 @@
 """LiteRT export: build -> convert (litert-torch) -> lint -> verify -> bundle.
 
-Writes (see ``sam2edge.runtime.litert_backend`` for every file's inputs / outputs and the host tables):
+Writes (see ``sam2edge.runtime.backends.litert`` for every file's inputs / outputs and the host tables):
 ``encoder.tflite`` (EncoderGraph), ``decoder.tflite`` (TokenDecoderGraph, K host-encoded token slots),
 ``mask_encoder.tflite`` (MaskEncoderGraph: mask-input prompts run on the accelerator too, so the host
 never needs convolution code), ``decoder_batched.tflite`` (``export.batched.BatchedTokenDecoderGraph``:
@@ -52,7 +52,7 @@ from sam2edge.export.wrappers import (
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import stage
 from sam2edge.runtime.backends import EagerBackend
-from sam2edge.runtime.litert_backend import (
+from sam2edge.runtime.backends.litert import (
     BATCHED_DECODER_FILE,
     CARD_CONST_FILE,
     CPU_ONLY_FILES,
@@ -68,7 +68,7 @@ from sam2edge.runtime.litert_backend import (
     write_tables,
 )
 from sam2edge.runtime.prompts import prompt_tables
-from sam2edge.runtime.video_bundle import VIDEO_GRAPHS
+from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
 
 FIDELITY_CLICKS = MIN_CLICKS
 REWRITE_CLICKS = 8  # prompts of the eager-rewrite-vs-upstream comparison (a record, not a bar)

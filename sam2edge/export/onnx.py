@@ -3,7 +3,7 @@
 Files (single self-contained .onnx each, no external data, opset ``OPSET``, standard ONNX ops only):
   encoder.onnx  ``EncoderGraph``: image 1x3xSxS -> image_embeddings, feat_s0, feat_s1
   decoder.onnx  ``PointDecoderGraph`` (prompt encoder inside), dynamic num_points N; I/O in
-                ``sam2edge.runtime.onnx_backend``'s module docstring.
+                ``sam2edge.runtime.backends.onnx``'s module docstring.
   encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 products (``export.onnx_int8``)
 Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
 
@@ -37,10 +37,10 @@ from sam2edge.export.onnx_fp16 import fp16_storage
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel
-from sam2edge.runtime import onnx_backend as ob
+from sam2edge.runtime.backends import onnx as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
-from sam2edge.runtime.video_bundle import VIDEO_GRAPHS, graph_io
+from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, graph_io
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask
@@ -259,7 +259,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     work = job.folder / WORK
     work.mkdir(exist_ok=True)
     names_in, names_out, dynamic = IO[role]
-    if role in VIDEO_GRAPHS:  # a video config's own inputs (EdgeTAM's memory attention: runtime.video_bundle)
+    if role in VIDEO_GRAPHS:  # a video config's own inputs (EdgeTAM's memory attention: runtime.video.bundle)
         names_in = graph_io(role, job.vcfg)[1]
     raw, opt = work / f"raw_{role}.onnx", work / f"opt_{role}.onnx"
     with warnings.catch_warnings(), torch.no_grad():

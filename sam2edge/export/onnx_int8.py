@@ -15,7 +15,7 @@ Full-size Hiera-Tiny, one interleaved run on a 2-core Xeon with AVX-512 VNNI
 against fp32's 1750 ms at 2 threads. The VNNI file is written only when the exporting CPU has VNNI, so that
 its fidelity is measured on the kernels that will run it (``vnni_check``, the same bars as the bundle); one
 that misses a bar is left out and ``fidelity.json`` ``checks.int8_vnni`` says why. The ONNX backend opens it
-on CPUs with VNNI (``runtime.onnx_backend.pick_encoder``).
+on CPUs with VNNI (``runtime.backends.onnx.pick_encoder``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sam2edge.checks.fidelity.bars import bars_for
 from sam2edge.checks.fidelity.measure import measure_backend
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
-from sam2edge.runtime import onnx_backend as ob
+from sam2edge.runtime.backends import onnx as ob
 
 INT8_OPS = ("MatMul",)
 # weight formats: name -> (onnxruntime weight type, reduce_range). 7-bit signed weights avoid the saturation

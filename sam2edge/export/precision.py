@@ -36,7 +36,7 @@ from sam2edge.export.kept import FP32_KEPT  # noqa: F401  (card data, re-exporte
 from sam2edge.export.onnx import ONNX_REWRITES
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.runtime.backends import Decoded, Features
-from sam2edge.runtime.executorch_backend import MAX_POINTS, pad_prompt
+from sam2edge.runtime.backends.executorch import MAX_POINTS, pad_prompt
 
 
 def fp16_compute(model: Sam2ImageModel) -> Sam2ImageModel:

@@ -1,6 +1,6 @@
 """The video graphs of ``sam2edge export --video``: new entries of the one pipeline's graph set.
 
-Three graphs (I/O contract: ``sam2edge.runtime.video_bundle``), the same modules for every target; a
+Three graphs (I/O contract: ``sam2edge.runtime.video.bundle``), the same modules for every target; a
 target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp16: ``HalfGraph``):
 
   memory-attention  the current frame conditioned on K spatial memory slots and P object pointers,
@@ -12,7 +12,7 @@ target only says how it wraps them (LiteRT: named outputs; ONNX / ExecuTorch fp1
 plus ``video_const.bin`` (no_mem_embed, no_obj_ptr, the 4x4 mask-prompt downsampler), ``rope_tables.bin``
 (the memory attention's RoPE tables, fed as inputs) and the prompt tables. EdgeTAM: the memory encoder ends in the
 perceiver (memory frames of L + G*G tokens) and its memory attention has no pointer positions and per-slot key
-tables (``runtime.video_bundle.graph_io``). The frame encoder is the bundle's
+tables (``runtime.video.bundle.graph_io``). The frame encoder is the bundle's
 image encoder. Fidelity: ``checks.fidelity.video`` runs a clip through the staged bundle and through eager
 fp32 (upstream's operations), per frame.
 """
@@ -31,10 +31,10 @@ from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.model import UPSTREAM
 from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
-from sam2edge.runtime.litert_backend import TABLE_FILES, write_tables
+from sam2edge.runtime.backends.litert import TABLE_FILES, write_tables
 from sam2edge.runtime.prompts import prompt_tables
-from sam2edge.runtime.video_backend import EagerVideoBackend
-from sam2edge.runtime.video_bundle import (
+from sam2edge.runtime.video.backend import EagerVideoBackend
+from sam2edge.runtime.video.bundle import (
     CONST_FILE,
     DEFAULT_VIDEO_TOKENS,
     LATENTS_FILE,
@@ -295,7 +295,7 @@ def extra(job) -> dict:
             "tokens_per_memory": frame_tokens,
             "key_tokens": vcfg.memory_slots * frame_tokens + vcfg.max_obj_ptrs * n,
             "spatial": "mem_feats[k]: one frame's memory (every conditioning frame, t_pos 0, then the previous "
-            "num_maskmem - 1 frames in the tracking direction, upstream's selection in runtime.memory_bank); "
+            "num_maskmem - 1 frames in the tracking direction, upstream's selection in runtime.video.memory_bank); "
             "mem_tpos[k] = num_maskmem - t_pos - 1 (index into maskmem_tpos_enc); mem_valid[k] 1 filled / 0 empty",
             "pointers": "ptrs[p] = object pointer of an earlier frame, ptr_pos[p] = signed frame distance / "
             "t_max, ptr_valid[p] 1 filled / 0 empty; each pointer is split into C/M tokens of mem_dim",

@@ -238,7 +238,7 @@ class Sam2Predictor:
     @torch.no_grad()
     def upscale_logits(self, low: torch.Tensor, max_hole_area: int = 0, max_sprinkle_area: int = 0) -> torch.Tensor:
         """The upscaling half of ``predict_batch``: BxCx4ex4e logits -> BxCxHxW logits at the set image's size."""
-        from sam2edge.runtime.amg_utils import fill_holes_and_sprinkles
+        from sam2edge.runtime.automatic.amg_utils import fill_holes_and_sprinkles
 
         if max_hole_area > 0 or max_sprinkle_area > 0:
             low = fill_holes_and_sprinkles(low, max_hole_area, max_sprinkle_area, self.mask_threshold)

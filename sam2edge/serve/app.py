@@ -365,8 +365,8 @@ def default_app_from_args(model: str | None, checkpoint: str | None, config: str
 
 def enable_bundle_tracking(app: App, bundle: Path) -> None:
     """Offer tracking in the page when ``bundle`` has LiteRT video graphs (its image backend encodes frames)."""
-    from sam2edge.runtime.video_bundle import open_video_bundle
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.bundle import open_video_bundle
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from sam2edge.serve.assets import browser_tracker
 
     tracker, note = browser_tracker(bundle)

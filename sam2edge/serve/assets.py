@@ -125,7 +125,7 @@ class BrowserTracker:
 
 def browser_tracker(bundle: Path) -> tuple[BrowserTracker | None, str]:
     """(tracking assets, "") for a LiteRT bundle with video graphs, else (None, reason in one line)."""
-    from sam2edge.runtime.video_bundle import CONST_FILE, ROPE_FILE, VIDEO_GRAPHS
+    from sam2edge.runtime.video.bundle import CONST_FILE, ROPE_FILE, VIDEO_GRAPHS
 
     bundle = Path(bundle)
     card = _read_card(bundle)

@@ -27,8 +27,8 @@ import numpy as np
 from PIL import Image
 
 from sam2edge.errors import UserError
-from sam2edge.runtime.video_io import VideoError, decode_frames, video_fps
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor, VideoState
+from sam2edge.runtime.video.io import VideoError, decode_frames, video_fps
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor, VideoState
 from sam2edge.serve.web import HttpError
 from sam2edge.validate import InputError, parse_index
 

@@ -28,7 +28,7 @@ def points_per_side(query: dict) -> int:
 
 def segment_everything(backend: Backend, rgb: np.ndarray, features: Features, side: int) -> tuple[bytes, int]:
     """HxWx3 uint8 photo + its features -> (overlay PNG bytes, mask count), upstream's default filters."""
-    from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+    from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
     from sam2edge.runtime.overlay import render_masks
     from sam2edge.runtime.predictor import Sam2Predictor
 

@@ -203,7 +203,7 @@ def environment(browser, base_url: str, chromium: str, litertjs: str) -> dict:
 # ---- the sweep --------------------------------------------------------------------------------------
 def tflite_files(bundle: Path) -> list[str]:
     """The bundle's GPU-facing graphs (the CPU-only decoder graphs are left out: the browser loads decoder.tflite)."""
-    from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
+    from sam2edge.runtime.backends.litert import CPU_ONLY_FILES
 
     files = sorted(p.name for p in bundle.glob("*.tflite") if p.name not in CPU_ONLY_FILES)
     if not files:

@@ -39,7 +39,7 @@ GPU_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(GPU_DAMAGE))
 def test_damaged_gpu_decoder_refused_at_open(small_bundle, tmp_path, damage):
-    from sam2edge.runtime.litert_backend import DECODER_CPU_FILE, DECODER_FILE, LiteRTBackend
+    from sam2edge.runtime.backends.litert import DECODER_CPU_FILE, DECODER_FILE, LiteRTBackend
 
     def edit(folder: Path, card: dict) -> None:
         assert (folder / DECODER_CPU_FILE).is_file()  # the CPU runtime never opens decoder.tflite

@@ -14,7 +14,7 @@ from PIL import Image
 
 from sam2edge.cli.main import main
 from sam2edge.errors import UserError
-from sam2edge.runtime.automatic import Sam2AutomaticMaskGenerator
+from sam2edge.runtime.automatic.generator import Sam2AutomaticMaskGenerator
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 THRESHOLDS = ("pred_iou_thresh", "stability_score_thresh", "box_nms_thresh", "crop_nms_thresh", "crop_overlap_ratio")

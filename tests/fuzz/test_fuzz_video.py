@@ -17,7 +17,7 @@ from PIL import Image
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 W, H, N = 40, 30, 3

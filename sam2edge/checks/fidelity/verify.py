@@ -111,8 +111,8 @@ def _verify_video(folder: Path, card: dict, cfg: Sam2Config, checkpoint, sd: dic
     from sam2edge.checks.fidelity.video import measure_video
     from sam2edge.config import get_video_config
     from sam2edge.model import UPSTREAM
-    from sam2edge.runtime.video_backend import EagerVideoBackend
-    from sam2edge.runtime.video_bundle import open_video_bundle
+    from sam2edge.runtime.video.backend import EagerVideoBackend
+    from sam2edge.runtime.video.bundle import open_video_bundle
     from sam2edge.weights.video import load_video_weights
 
     vcfg = get_video_config(card["config"])

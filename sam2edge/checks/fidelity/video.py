@@ -70,7 +70,7 @@ class Timed:
 
 def run_clip(backend, frames: list[np.ndarray]) -> dict[str, dict[int, np.ndarray]]:
     """The scenario on one backend: pass name -> frame index -> (objects, 1, H, W) logits."""
-    from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+    from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
     h, w = frames[0].shape[:2]
     pred = Sam2VideoPredictor(backend)

@@ -8,7 +8,7 @@ Kinds (``KINDS``, first match wins; the names are the LiteRT bundle contract of 
            feed of B grid points on a real photo (the automatic mask generator's prompts).
   encoder  one input image [1,3,S,S]: a real photo, resized to S and ImageNet-normalised.
   video    the video graphs of ``export --video`` (an input named like a slot / flag of
-           ``runtime.video_bundle.VIDEO_GRAPHS``): seeded standard-normal features, but validity masks,
+           ``runtime.video.bundle.VIDEO_GRAPHS``): seeded standard-normal features, but validity masks,
            flags and slot indices as the host feeds them (0 / 1, integer slot positions, t / t_max in
            [-1, 1]); two runs: half the slots filled (flags 1) and every slot filled (flags 0).
   generic  anything else: one feed of seeded standard-normal float32 per input.
@@ -102,7 +102,7 @@ def video_feeds(inputs: dict[str, list[int]], folder: Path | None, clicks: int) 
 
 def _bundle_context(folder: Path, d_model: int, size: int) -> tuple[Callable[[np.ndarray], dict], dict] | None:
     """(photo -> features, host tables) from a LiteRT bundle folder, or None when it is not one."""
-    from sam2edge.runtime.litert_backend import ENCODER_FILE, SIGNATURE, TABLE_FILES, read_tables
+    from sam2edge.runtime.backends.litert import ENCODER_FILE, SIGNATURE, TABLE_FILES, read_tables
 
     if not (folder / ENCODER_FILE).is_file() or not all((folder / f).is_file() for f in TABLE_FILES):
         return None

@@ -15,7 +15,7 @@ from sam2edge.errors import UserError
 def tflite_files(target: str | Path) -> list[Path]:
     """A .tflite file, or every .tflite directly in a folder (sorted; a bundle's CPU-only decoder graphs left out,
     the GPU never loads it); else UserError."""
-    from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
+    from sam2edge.runtime.backends.litert import CPU_ONLY_FILES
 
     target = Path(target)
     if target.is_dir():
@@ -146,7 +146,7 @@ def export_check(ctx) -> dict:
     A file that is not ``resident`` refuses the export (UserError naming the file and why) unless
     ``ctx.allow_dirty``. "skip" records that the check was not run. A graph checked before is reused.
     """
-    from sam2edge.runtime.litert_backend import CPU_ONLY_FILES
+    from sam2edge.runtime.backends.litert import CPU_ONLY_FILES
 
     if getattr(ctx, "state", {}).get("gpu_check", "run") == "skip":
         return skipped_record("not run: exported with --gpu-check skip")

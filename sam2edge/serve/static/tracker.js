@@ -1,8 +1,8 @@
-// Tracking in the page: the JavaScript port of sam2edge.runtime.memory_bank (which past frames fill the video
+// Tracking in the page: the JavaScript port of sam2edge.runtime.video.memory_bank (which past frames fill the video
 // graphs' fixed slots) and of Sam2VideoPredictor's per-object logic (prompts, upstream's mask selection, the
 // memory bank's stores, hole filling, propagation). No DOM here: the three video graphs and the frame features
 // are passed in (track.js runs them with LiteRT.js), so node can test this file against the Python host.
-// Arrays are Float32Array, row-major, in runtime/video_backend.py's shapes (S image size, e = S/16, side = 4e,
+// Arrays are Float32Array, row-major, in runtime/video/backend.py's shapes (S image size, e = S/16, side = 4e,
 // C d_model, M mem_dim, K memory slots, P pointer slots); float32 rounding (Math.fround) follows numpy.
 
 const f32 = Math.fround;

@@ -17,7 +17,7 @@ P = object-pointer slots, T = prompt-token slots (card.json ``extra.video``):
                        obj_ptrs [1,4,C] (no-object pointer mixed in where object_score <= 0)
   video_const.bin   float32 LE: no_mem_embed [C] | no_obj_ptr [C] | mask_downsample weight [4x4] | bias [1]
   rope_tables.bin   float32 LE: RoPE cos [HW,C] | sin [HW,C] (axial, row-major grid; memory_attention's inputs)
-  + the prompt tables of ``runtime.litert_backend.TABLE_FILES`` (every target: the tokens are host-encoded)
+  + the prompt tables of ``runtime.backends.litert.TABLE_FILES`` (every target: the tokens are host-encoded)
 
 EdgeTAM (a perceiver compresses each memory frame to N = L + G*G tokens): mem_feats is [K,N,M]; memory_attention
 takes no ptr_pos (its pointers carry no temporal encoding) and two more tables, rope_cos_k, rope_sin_k [N,C] (one
@@ -41,9 +41,9 @@ import numpy as np
 from sam2edge.bundle import load_card
 from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
-from sam2edge.runtime.litert_backend import read_tables
+from sam2edge.runtime.backends.litert import read_tables
 from sam2edge.runtime.prompts import encode_points
-from sam2edge.runtime.video_backend import FrameFeatures, MemoryInputs, VideoDecoded
+from sam2edge.runtime.video.backend import FrameFeatures, MemoryInputs, VideoDecoded
 
 # role -> (file stem, input names in call order, output names)
 VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -128,14 +128,14 @@ def read_latents(folder: Path, vcfg: Sam2VideoConfig) -> np.ndarray:
 
 
 def _litert_runner(path: Path, role: str, threads: int | None) -> Runner:
-    from sam2edge.runtime.litert_backend import _interpreter
+    from sam2edge.runtime.backends.litert import _interpreter
 
     sig = _interpreter(path, threads or 1)
     return lambda feed: sig(**feed)
 
 
 def _onnx_runner(path: Path, role: str, threads: int | None) -> Runner:
-    from sam2edge.runtime.onnx_backend import make_session
+    from sam2edge.runtime.backends.onnx import make_session
 
     sess = make_session(path, threads=threads)
     names = list(VIDEO_GRAPHS[role][2])
@@ -145,7 +145,7 @@ def _onnx_runner(path: Path, role: str, threads: int | None) -> Runner:
 def _executorch_runner(path: Path, role: str, threads: int | None) -> Runner:
     import torch
 
-    from sam2edge.runtime.executorch_backend import load_method
+    from sam2edge.runtime.backends.executorch import load_method
 
     method = load_method(path, "re-run `sam2edge export --target executorch --video`")
     outs = VIDEO_GRAPHS[role][2]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sam2edge.config import Sam2Config, Sam2VideoConfig
-from sam2edge.runtime.video_backend import MemoryInputs
+from sam2edge.runtime.video.backend import MemoryInputs
 
 
 @dataclass

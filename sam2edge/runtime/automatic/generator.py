@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from sam2edge.errors import UserError
-from sam2edge.runtime import amg_utils as amg
+from sam2edge.runtime.automatic import amg_utils as amg
 from sam2edge.runtime.backends import Features
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.runtime.preprocess import to_rgb_array

@@ -19,8 +19,8 @@ import torch
 
 from sam2edge.errors import UserError
 from sam2edge.io import atomic_dir, atomic_path
-from sam2edge.runtime.amg_utils import area_from_rle, coco_encode_rle, mask_to_rle
-from sam2edge.runtime.video_io import (
+from sam2edge.runtime.automatic.amg_utils import area_from_rle, coco_encode_rle, mask_to_rle
+from sam2edge.runtime.video.io import (
     MAX_OBJECT_ID,
     close_writer,
     label_map,
@@ -29,7 +29,7 @@ from sam2edge.runtime.video_io import (
     write_frame,
     write_mask_png,
 )
-from sam2edge.runtime.video_predictor import Sam2VideoPredictor
+from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 
 
 @dataclass(frozen=True)

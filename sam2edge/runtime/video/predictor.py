@@ -26,10 +26,10 @@ from PIL import Image
 
 from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
-from sam2edge.runtime.memory_bank import FrameOutput, ObjectMemory, select_memory
-from sam2edge.runtime.video_backend import EagerVideoBackend, FrameFeatures, VideoBackend
-from sam2edge.runtime.video_io import read_frames
-from sam2edge.runtime.video_masks import fill_holes, stable_single_mask
+from sam2edge.runtime.video.backend import EagerVideoBackend, FrameFeatures, VideoBackend
+from sam2edge.runtime.video.io import read_frames
+from sam2edge.runtime.video.masks import fill_holes, stable_single_mask
+from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.validate import check_index, check_int, check_mask_2d, check_propagation, check_video_prompt
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -94,7 +94,7 @@ class Sam2VideoPredictor:
     @classmethod
     def from_export(cls, folder, threads: int | None = None, fill_hole_area: int = 8) -> Sam2VideoPredictor:
         """Track from a bundle of ``sam2edge export --video`` (LiteRT, ONNX or ExecuTorch); same API."""
-        from sam2edge.runtime.video_bundle import open_video_bundle
+        from sam2edge.runtime.video.bundle import open_video_bundle
 
         backend, card = open_video_bundle(folder, threads=threads)
         return cls(backend, {**card.get("source", {}), "bundle": str(folder)}, fill_hole_area)

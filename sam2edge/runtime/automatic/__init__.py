@@ -1,0 +1,1 @@
+"""Segment everything: ``Sam2AutomaticMaskGenerator`` (upstream's API) and its mask utilities."""
