@@ -34,7 +34,7 @@ def test_layers_contract_is_kept() -> None:
 @pytest.mark.parametrize(
     "module, upward",
     [
-        ("runtime/backends/onnx.py", "sam2edge.export.pipeline"),  # runtime -> export (the old runtime <-> export cycle)
+        ("runtime/backends/onnx.py", "sam2edge.export.pipeline"),  # runtime -> export (an old cycle)
         ("bundle/card.py", "sam2edge.runtime.backends"),  # bundle -> runtime
         ("model/layers.py", "sam2edge.cli.main"),  # model -> cli
     ],
