@@ -26,7 +26,7 @@ from sam2edge.config import (
 )
 from sam2edge.model import UPSTREAM, Rewrites
 from sam2edge.model.memory_attention import MemoryAttention
-from sam2edge.model.perceiver import PerceiverResampler
+from sam2edge.model.perceiver import build_perceiver
 from tests.edgetam_oracle import run_original
 
 MAX_ABS = 2e-5  # fp32 vs fp32, same operations in another order
@@ -108,18 +108,7 @@ def test_perceiver_matches_original(perceiver_refs, case: str, rw: Rewrites):
     inputs, ref = perceiver_refs[case]
     x, m = inputs["x"], vcfg.mem_dim
     assert "view size is not compatible" in ref["unpatched"], ref["unpatched"]
-    ours = PerceiverResampler(
-        m,
-        side,
-        vcfg.perceiver_layers,
-        vcfg.perceiver_latents,
-        vcfg.perceiver_latents_2d,
-        vcfg.perceiver_dim_head,
-        vcfg.perceiver_heads,
-        vcfg.perceiver_ff_mult,
-        vcfg.perceiver_self_attn,
-        rw,
-    ).eval()
+    ours = build_perceiver(vcfg, side, rw).eval()
     ours.load_state_dict(ref["state"], strict=True)
     with torch.no_grad():
         got = ours(x)

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import nn
 
+from sam2edge.config import Sam2VideoConfig
 from sam2edge.model.image_encoder import sine_position_encoding
 from sam2edge.model.layers import LayerNorm, Rewrites, attention
 
@@ -186,3 +187,19 @@ class PerceiverResampler(nn.Module):
         for layer in self.layers:
             lat = layer(lat, x)
         return lat.reshape(B, n, M)
+
+
+def build_perceiver(vcfg: Sam2VideoConfig, side: int, rw: Rewrites) -> PerceiverResampler:
+    """The spatial perceiver of ``vcfg`` for memory frames of ``side`` x ``side`` tokens of ``vcfg.mem_dim``."""
+    return PerceiverResampler(
+        vcfg.mem_dim,
+        side,
+        vcfg.perceiver_layers,
+        vcfg.perceiver_latents,
+        vcfg.perceiver_latents_2d,
+        vcfg.perceiver_dim_head,
+        vcfg.perceiver_heads,
+        vcfg.perceiver_ff_mult,
+        vcfg.perceiver_self_attn,
+        rw,
+    )

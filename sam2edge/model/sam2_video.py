@@ -30,7 +30,7 @@ from sam2edge.model.image_encoder import sine_position_encoding
 from sam2edge.model.layers import MLP, Rewrites
 from sam2edge.model.memory_attention import MemoryAttention
 from sam2edge.model.memory_encoder import MemoryEncoder
-from sam2edge.model.perceiver import PerceiverResampler
+from sam2edge.model.perceiver import build_perceiver
 from sam2edge.model.sam2 import Sam2ImageModel
 
 KEY_REMOVED = -1e4  # additive logit bias of an empty memory slot (exp underflows to exactly 0)
@@ -84,18 +84,7 @@ class Sam2VideoModel(Sam2ImageModel):
         mem_pos = sine_position_encoding(m, e, e).reshape(1, m, e * e).transpose(1, 2)  # (1, HW, M)
         self.spatial_perceiver = None
         if vcfg.perceiver_layers:
-            self.spatial_perceiver = PerceiverResampler(
-                m,
-                e,
-                vcfg.perceiver_layers,
-                vcfg.perceiver_latents,
-                vcfg.perceiver_latents_2d,
-                vcfg.perceiver_dim_head,
-                vcfg.perceiver_heads,
-                vcfg.perceiver_ff_mult,
-                vcfg.perceiver_self_attn,
-                rw,
-            )
+            self.spatial_perceiver = build_perceiver(vcfg, e, rw)
             mem_pos = self.spatial_perceiver.out_pos.unsqueeze(0)  # (1, L + G*G, M): a memory frame's tokens
         self.register_buffer("curr_pos", curr_pos.contiguous(), persistent=False)
         self.register_buffer("ptr_freqs", sine_freqs(d), persistent=False)  # (C/2,) pointer temporal encoding
