@@ -85,35 +85,54 @@ class LayerRow:
         return {"layer": self.layer, "iou_worst": self.iou_worst, "iou_mean": self.iou_mean}
 
 
-def sweep(sd: dict, cfg: Sam2Config, target: str, clicks: int = 10, bar: float = 0.95) -> dict:
+class Int8Emulation:
+    """The all-int8 encoder of ``sd`` (fake-quantised Linears, ``target``'s activation granularity) with an
+    fp32 decoder, measured end to end against ``reference`` (a backend: eager fp32, upstream's operations)."""
+
+    def __init__(self, sd: dict, cfg: Sam2Config, target: str, reference) -> None:
+        from sam2edge.export.precision import EMULATIONS
+        from sam2edge.model import build_sam2
+        from sam2edge.runtime.predictor import Sam2Predictor
+
+        self.cfg, self.ref = cfg, Sam2Predictor(reference)
+        self.fp32 = build_sam2(cfg, EMULATIONS[target].rewrites)
+        self.fp32.load_state_dict(sd)
+        self.fp32.eval()
+        self.quant = build_sam2(cfg, fused_qkv(EMULATIONS[target].rewrites))
+        self.quant.load_state_dict(sd)
+        self.quant.eval()
+        self.layers = int8_layers(self.quant, ACTIVATIONS[target])
+
+    def ious(self, prompts, kept: tuple[str, ...] = ()) -> list[float]:
+        """Per-prompt mask IoU with the layers of ``kept`` in fp32 and every other encoder Linear int8."""
+        from sam2edge.export.precision import GraphBackend, _ious
+        from sam2edge.runtime.predictor import Sam2Predictor
+
+        for name, layer in self.layers.items():
+            layer.int8_enabled = name not in kept
+        try:
+            return _ious(self.ref, Sam2Predictor(GraphBackend(self.quant, self.cfg, decoder_model=self.fp32)), prompts)
+        finally:
+            for layer in self.layers.values():
+                layer.int8_enabled = True
+
+
+def sweep(sd: dict, cfg: Sam2Config, target: str, clicks: int = 10, bar: float = 0.95, reference=None) -> dict:
     """The baseline all-int8 encoder's IoUs (with the clicks under ``bar``) and, per encoder Linear, the IoUs
     with that layer alone kept fp32, ranked by the worst IoU they reach (best first)."""
     from sam2edge.checks.fidelity import click_set
     from sam2edge.checks.fidelity.measure import CachedReference
-    from sam2edge.export.precision import EMULATIONS, GraphBackend, _ious
-    from sam2edge.model import UPSTREAM, build_sam2
+    from sam2edge.model import UPSTREAM
     from sam2edge.runtime.backends import EagerBackend
-    from sam2edge.runtime.predictor import Sam2Predictor
 
     prompts = click_set(clicks)
-    ref = Sam2Predictor(CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM)))
-    fp32 = build_sam2(cfg, EMULATIONS[target].rewrites)
-    fp32.load_state_dict(sd)
-    fp32.eval()
-    quant = build_sam2(cfg, fused_qkv(EMULATIONS[target].rewrites))
-    quant.load_state_dict(sd)
-    quant.eval()
-    layers = int8_layers(quant, ACTIVATIONS[target])
-
-    def measure() -> list[float]:
-        return _ious(ref, Sam2Predictor(GraphBackend(quant, cfg, decoder_model=fp32)), prompts)
-
-    base = measure()
+    if reference is None:
+        reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
+    emu = Int8Emulation(sd, cfg, target, reference)
+    base = emu.ious(prompts)
     rows = []
-    for name, layer in layers.items():
-        layer.int8_enabled = False
-        ious = measure()
-        layer.int8_enabled = True
+    for name in emu.layers:
+        ious = emu.ious(prompts, (name,))
         rows.append(LayerRow(name, float(min(ious)), float(np.mean(ious))))
     rows.sort(key=lambda r: (-r.iou_worst, -r.iou_mean))
     failed = [
@@ -125,10 +144,52 @@ def sweep(sd: dict, cfg: Sam2Config, target: str, clicks: int = 10, bar: float =
         "target": target,
         "activations": ACTIVATIONS[target],
         "clicks": len(prompts),
-        "layers": len(layers),
+        "layers": len(emu.layers),
         "iou_worst": float(min(base)),
         "iou_median": float(np.median(base)),
         "iou_mean": float(np.mean(base)),
         "failed_clicks": failed,
         "ranking": [r.as_dict() for r in rows],
     }
+
+
+# what int8 mixed precision aims at: the int8 bar (worst) and a median of 0.99 (the reduced-precision goal)
+SELECTION_BARS = {"min_iou_worst": 0.95, "min_iou_median": 0.99}
+RANK_CLICKS = 10  # the ranking's clicks (``sam2edge diagnose --int8``'s default)
+MAX_KEPT = 16  # at most this many encoder Linears kept fp32 (Hiera-Tiny has 50)
+
+
+def select_int8(
+    sd: dict,
+    cfg: Sam2Config,
+    target: str,
+    reference,
+    bars: dict | None = None,
+    clicks: int = 40,
+    rank_clicks: int = RANK_CLICKS,
+    max_kept: int = MAX_KEPT,
+):
+    """Which encoder Linears a dynamic-int8 export of ``sd`` (the state dict it quantises, smoothed or not)
+    keeps fp32 (``export.mixed.select``): the all-int8 emulation measured over ``click_set(clicks)``; if it
+    misses ``bars`` (default ``SELECTION_BARS``), ``sweep``'s ranking over ``rank_clicks`` (the layers whose
+    fp32 copy lifts the worst IoU most first), then the fewest kept until the bars hold."""
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.export.mixed import select
+
+    prompts, rank_prompts = click_set(clicks), click_set(rank_clicks)
+    emu = Int8Emulation(sd, cfg, target, reference)
+
+    def measure(kept: tuple[str, ...]) -> tuple[float, float]:
+        ious = emu.ious(prompts, kept)
+        return float(min(ious)), float(np.median(ious))
+
+    def ranking() -> list[dict]:
+        rows = []
+        for name in emu.layers:
+            ious = emu.ious(rank_prompts, (name,))
+            rows.append(
+                {"part": name, "iou_worst_kept_alone": float(min(ious)), "iou_mean_kept_alone": float(np.mean(ious))}
+            )
+        return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
+
+    return select(ranking, measure, SELECTION_BARS if bars is None else bars, max_kept)

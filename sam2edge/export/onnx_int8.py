@@ -39,13 +39,33 @@ INT8_WEIGHTS = {
 PORTABLE_WEIGHTS, VNNI_WEIGHTS = "u8", "s8"
 
 
-def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS) -> dict:
+def nodes_of(src: Path, layers: tuple[str, ...]) -> list[str]:
+    """Names of ``src``'s quantisable nodes (``INT8_OPS``) inside the modules ``layers`` (dotted names, e.g.
+    ``image_encoder.trunk.blocks.5.attn.qkv``; the exporter names a node by its module scope)."""
+    import onnx
+
+    from sam2edge.export.onnx_fp16 import _dotted
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    out = []
+    for n in graph.node:
+        scope = _dotted(n.name.rsplit("/", 1)[0])
+        if n.op_type in INT8_OPS and any(scope == x or scope.startswith(x + ".") for x in layers):
+            out.append(n.name)
+    return out
+
+
+def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS, keep: tuple[str, ...] = ()) -> dict:
     """Dynamic int8 of ``src``'s MatMuls with constant weights (per output channel, format ``weights`` of
-    ``INT8_WEIGHTS``) into ``dst``."""
+    ``INT8_WEIGHTS``) into ``dst``; the MatMuls of the modules ``keep`` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     weight_type, reduce_range = INT8_WEIGHTS[weights]
+    excluded = nodes_of(src, keep) if keep else []
+    missing = [x for x in keep if not nodes_of(src, (x,))]
+    if missing:
+        raise RuntimeError(f"int8: no MatMul node of {src.name} belongs to the layers kept fp32 {missing}")
     quantize_dynamic(
         str(src),
         str(dst),
@@ -53,12 +73,28 @@ def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS) -> dict
         per_channel=True,
         reduce_range=reduce_range,
         op_types_to_quantize=INT8_OPS,
+        nodes_to_exclude=excluded,
     )
     ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
     return {
         "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
         "MatMulInteger": ops.count("MatMulInteger"),
+        **({"fp32_kept_layers": list(keep), "fp32_kept_nodes": excluded} if keep else {}),
     }
+
+
+def select_kept(job) -> tuple[str, ...]:
+    """The encoder Linears this checkpoint's int8 encoder keeps fp32, chosen by measurement
+    (``export.int8_sensitivity.select_int8`` on the export's smoothed weights, ONNX's per-tensor activations;
+    card.json ``extra.mixed_precision``)."""
+    from sam2edge.export.int8_sensitivity import select_int8
+    from sam2edge.progress import stage
+
+    stage("int8: measuring which encoder layers must stay fp32 (eager emulation vs the fp32 reference)")
+    sd = {k: v.detach() for k, v in job.model.state_dict().items()}
+    sel = select_int8(sd, job.cfg, "onnx", job.reference(), clicks=job.clicks)
+    job.state["mixed_precision"] = sel.as_dict()
+    return sel.kept
 
 
 def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
@@ -66,10 +102,11 @@ def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
     VNNI CPU, ``encoder_vnni.onnx`` finished by ``finish(src, dst)`` into the bundle."""
     portable = work / "int8_encoder.onnx"
     census = job.state["census"]["encoder"]
-    census["int8"] = quantize_int8(opt, portable, PORTABLE_WEIGHTS)
+    keep = select_kept(job)
+    census["int8"] = quantize_int8(opt, portable, PORTABLE_WEIGHTS, keep)
     if ob.has_vnni():
         vnni = work / "int8_encoder_vnni.onnx"
-        census["int8_vnni"] = quantize_int8(opt, vnni, VNNI_WEIGHTS)
+        census["int8_vnni"] = quantize_int8(opt, vnni, VNNI_WEIGHTS, keep)
         finish(vnni, job.folder / ob.VNNI_ENCODER_FILE)
         job.files[ob.VNNI_ENCODER_FILE] = ob.VNNI_ENCODER_ROLE
     return portable

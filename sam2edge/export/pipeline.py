@@ -223,9 +223,21 @@ def _refusal_hint(job: Job) -> str:
         return "pass --force to write it as 'rejected'"
     ckpt = job.source.get("checkpoint") or "CHECKPOINT"
     mode = " --int8 --clicks 10" if job.precision == "int8" else ""
-    return (
+    return mixed_note(job.state.get("mixed_precision")) + (
         f"`sam2edge diagnose {job.target.name}{mode} --config {job.config_name} --checkpoint {ckpt}` lists the "
         "failing clicks and the layers to keep in fp32; pass --force to write it as 'rejected'"
+    )
+
+
+def mixed_note(sel: dict | None) -> str:
+    """One sentence on what the measured mixed-precision selection (``export.mixed``) kept fp32 and reached."""
+    if not sel or not sel["trials"]:
+        return ""
+    kept = ", ".join(sel["kept_fp32"]) or "nothing"
+    verdict = "met the bars" if sel["holds"] else "still missed the bars"
+    return (
+        f"keeping {kept} in fp32 {verdict} in the eager emulation (worst {sel['iou_worst']:.4f}, median "
+        f"{sel['iou_median']:.4f}); "
     )
 
 

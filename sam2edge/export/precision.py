@@ -44,12 +44,19 @@ def fp16_compute(model: Sam2ImageModel) -> Sam2ImageModel:
     return copy.deepcopy(model).half()
 
 
-def fp16_weights(model: Sam2ImageModel) -> Sam2ImageModel:
-    """fp32 arithmetic on weights rounded to fp16 (LiteRT's fp16 recipe on CPU)."""
+def in_parts(name: str, parts: tuple[str, ...]) -> bool:
+    """Whether parameter ``name`` belongs to one of ``parts`` (module or parameter names)."""
+    return any(name == p or name.startswith(p + ".") for p in parts)
+
+
+def fp16_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
+    """fp32 arithmetic on weights rounded to fp16 (LiteRT's fp16 recipe on CPU), the parameters of ``keep``
+    (module or parameter names) left fp32."""
     out = copy.deepcopy(model)
     with torch.no_grad():
-        for p in out.parameters():
-            p.copy_(p.half().float())
+        for name, p in out.named_parameters():
+            if not in_parts(name, keep):
+                p.copy_(p.half().float())
     for m in out.modules():  # re-bake constants derived from the rounded weights
         if hasattr(m, "refresh_constants"):
             m.refresh_constants()
@@ -253,3 +260,73 @@ class _DecoderOnly:
 
     def decode(self, feats, coords, labels, mask_input) -> Decoded:
         return self.test.decode(feats, coords, labels, mask_input)
+
+
+def fp16_parts(model: Sam2ImageModel) -> list[str]:
+    """The encoder's parts the fp16 selection may keep fp32 (``export.mixed``): the trunk's stem (patch
+    embedding, position embeddings), each trunk block, the neck, and the decoder's feature projections that the
+    encoder graph folds in; module / parameter names of ``model``."""
+    parts: list[str] = []
+    for name, _ in model.named_parameters():
+        if name.startswith("image_encoder.trunk.blocks."):
+            part = ".".join(name.split(".")[:4])  # image_encoder.trunk.blocks.i
+        elif name.startswith("image_encoder.trunk."):
+            part = "image_encoder.trunk." + name.split(".")[2]  # patch_embed, pos_embed, pos_embed_window
+        elif name.startswith("image_encoder.neck."):
+            part = "image_encoder.neck"
+        elif name.startswith(("sam_mask_decoder.conv_s0", "sam_mask_decoder.conv_s1")):
+            part = ".".join(name.split(".")[:2])
+        else:
+            continue
+        if part not in parts:
+            parts.append(part)
+    return parts
+
+
+def rank_fp16(model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: tuple[str, ...]) -> list[dict]:
+    """``parts`` most harmful first: each rounded to fp16 alone (every other weight fp32), the largest relative
+    L2 error it causes on the encoder's three outputs over ``photos`` (one encode per part and photo: a proxy
+    ranking, cheap at full size; ``choose_kept`` then measures end to end)."""
+    import numpy as np
+
+    from sam2edge.checks.fidelity import photo
+    from sam2edge.runtime.preprocess import preprocess
+
+    xs = [torch.as_tensor(np.asarray(preprocess(photo(p), cfg.image_size))) for p in photos]
+    with torch.no_grad():
+        refs = [model.encode_image(x) for x in xs]
+        rows = []
+        for part in parts:
+            reduced = fp16_weights(model, tuple(p for p in parts if p != part)).eval()
+            err = max(
+                float((a - b).norm() / b.norm().clamp_min(1e-30))
+                for x, ref in zip(xs, refs, strict=True)
+                for a, b in zip(reduced.encode_image(x), ref, strict=True)
+            )
+            rows.append({"part": part, "encoder_rel_error_alone": err})
+    return sorted(rows, key=lambda r: -r["encoder_rel_error_alone"])
+
+
+def select_fp16(model: Sam2ImageModel, cfg: Sam2Config, reference, bars: dict, clicks: int = 40, max_kept: int = 8):
+    """Which encoder parts (``fp16_parts``) an fp16-storage export keeps fp32 for ``model``'s weights, chosen
+    by measurement (``export.mixed.select``): ranked by ``rank_fp16`` on calibration photos outside the click
+    set, then the fewest kept until fp32 arithmetic on the other parts' fp16-rounded weights (fp32 decoder)
+    meets ``bars`` end to end vs ``reference`` (the export's eager fp32 backend with upstream's operations)
+    over ``click_set(clicks)``. Returns an ``export.mixed.Selection``."""
+    import numpy as np
+
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.export.mixed import select
+    from sam2edge.export.smooth import CALIBRATION_PHOTOS
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    prompts = click_set(clicks)
+    ref = Sam2Predictor(reference)
+    parts = fp16_parts(model)
+
+    def measure(kept: tuple[str, ...]) -> tuple[float, float]:
+        reduced = fp16_weights(model, kept).eval()
+        ious = _ious(ref, Sam2Predictor(GraphBackend(reduced, cfg, decoder_model=model)), prompts)
+        return float(min(ious)), float(np.median(ious))
+
+    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept)

@@ -50,7 +50,12 @@ def check_bars(outputs: dict[str, dict], e2e: dict, bars: dict[str, float]) -> l
             if not m["cosine"] >= bars["min_cosine"]:
                 failures.append(f"{name}: cosine {m['cosine']:.7f} < {bars['min_cosine']}")
     if "min_iou_worst" in bars and not e2e["iou_worst"] >= bars["min_iou_worst"]:
-        failures.append(f"end-to-end mask IoU worst {e2e['iou_worst']:.4f} < {bars['min_iou_worst']}")
+        under = [c for c in e2e.get("lowest_clicks", []) if not c["iou"] >= bars["min_iou_worst"]]
+        where = ", ".join(f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}" for c in under)
+        failures.append(
+            f"end-to-end mask IoU worst {e2e['iou_worst']:.4f} < {bars['min_iou_worst']}"
+            + (f" ({where})" if where else "")
+        )
     if "min_iou_median" in bars and not e2e["iou_median"] >= bars["min_iou_median"]:
         failures.append(f"end-to-end mask IoU median {e2e['iou_median']:.4f} < {bars['min_iou_median']}")
     return failures

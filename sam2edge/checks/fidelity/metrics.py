@@ -16,6 +16,8 @@ import numpy as np
 
 from sam2edge.checks.photos import PHOTOS, photo
 
+LOWEST_CLICKS = 5  # end_to_end names this many lowest-IoU prompts (photo, kind, IoU): what a refusal failed on
+
 
 @dataclass
 class Prompt:
@@ -102,7 +104,16 @@ def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], 
         score_diff = max(score_diff, float(np.abs(ts - rs).max()))
         if progress:
             progress(i + 1, len(prompts))
-    return {**iou_summary(ious, prompts, agree), "iou_score_max_abs_diff": score_diff, "nonfinite": nonfinite}
+    lowest = [
+        {"index": int(i), "photo": prompts[i].photo, "kind": prompts[i].kind, "iou": float(ious[i])}
+        for i in np.argsort(ious, kind="stable")[:LOWEST_CLICKS]
+    ]
+    return {
+        **iou_summary(ious, prompts, agree),
+        "iou_score_max_abs_diff": score_diff,
+        "nonfinite": nonfinite,
+        "lowest_clicks": lowest,
+    }
 
 
 def iou_summary(ious: list[float], prompts: list, agree: int) -> dict:

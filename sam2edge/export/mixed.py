@@ -1,0 +1,131 @@
+"""Mixed precision chosen by measurement: keep in fp32 the fewest, most harmful parts until the bars hold.
+
+A reduced-precision export (fp16 storage, dynamic int8) rounds every part of the encoder the same way; for some
+weights a few parts cost the end-to-end mask IoU far more than the rest (a checkpoint with outlier channels:
+``scripts/robustness_set.py``). This module picks, per checkpoint and at export time, which parts stay fp32:
+
+  1. a ranking of the candidate parts, most harmful first, measured by the caller (fp16: each part rounded
+     alone, its error on the encoder's outputs for calibration photos, ``export.precision.rank_fp16``; int8:
+     the sensitivity sweep of ``export.int8_sensitivity``);
+  2. ``choose_kept``: the all-reduced model measured, then the first k ranked parts kept fp32 for k = 1, 2, 3,
+     ... until the measured worst and median meet the bars (plus ``MARGIN``, the emulation is not the runtime);
+     if none within ``max_kept`` does, the selection says so (the export then refuses, naming the parts).
+
+``choose_kept`` is a pure function of the ranking and a measuring callback (``Measure``), so any reduced path
+(fp16 storage here, dynamic int8 in ``export.int8_sensitivity``, a calibrated int8 path) reuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+# kept parts -> (worst, median) end-to-end mask IoU with every other part reduced
+Measure = Callable[[tuple[str, ...]], tuple[float, float]]
+# the emulated IoUs must clear the bars by this much: the runtime's kernels round differently from eager
+MARGIN = {"min_iou_worst": 0.001, "min_iou_median": 0.0001}
+# prefix sizes tried after 0 (geometric past 4, so a long ranking costs few measurements)
+STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class Trial:
+    kept: tuple[str, ...]  # parts kept fp32 in this measurement
+    iou_worst: float  # end-to-end worst mask IoU vs eager fp32 (upstream operations)
+    iou_median: float  # median over the click set
+    holds: bool  # meets the bars + MARGIN
+
+    def as_dict(self) -> dict:
+        return {
+            "kept": list(self.kept),
+            "iou_worst": self.iou_worst,
+            "iou_median": self.iou_median,
+            "holds": self.holds,
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    kept: tuple[str, ...]  # the chosen parts kept fp32 (the last trial's when none holds)
+    holds: bool  # the chosen set meets the bars (+ MARGIN) in the emulation
+    trials: tuple[Trial, ...]  # every measurement, in order
+    ranking: tuple[dict, ...] = ()  # the ranking's rows, most harmful first
+
+    @property
+    def chosen(self) -> Trial:
+        """The measurement of the chosen set (the last with that set)."""
+        return next(t for t in reversed(self.trials) if t.kept == self.kept)
+
+    def as_dict(self) -> dict:
+        return {
+            "kept_fp32": list(self.kept),
+            "iou_worst": self.chosen.iou_worst,
+            "iou_median": self.chosen.iou_median,
+            "holds": self.holds,
+            "trials": [t.as_dict() for t in self.trials],
+            "ranking": list(self.ranking),
+        }
+
+
+def meets(worst: float, median: float, bars: Mapping[str, float], margin: Mapping[str, float] = MARGIN) -> bool:
+    """Whether (worst, median) clear ``bars`` (``min_iou_worst`` / ``min_iou_median`` of the bar table) + margin."""
+    ok = True
+    for key, value in (("min_iou_worst", worst), ("min_iou_median", median)):
+        if key in bars:
+            ok &= value >= bars[key] + margin.get(key, 0.0)
+    return ok
+
+
+def choose_kept(
+    ranked: Sequence[str],
+    measure: Measure,
+    bars: Mapping[str, float],
+    max_kept: int,
+    margin: Mapping[str, float] = MARGIN,
+) -> Selection:
+    """The smallest prefix of ``ranked`` (most harmful first) that, kept fp32, meets ``bars`` + ``margin`` by
+    ``measure``; prefixes of 0, then ``STEPS`` sizes up to ``max_kept``, then down to the smallest that holds
+    between the last failing and the first passing size."""
+    trials: list[Trial] = []
+
+    def run(k: int) -> Trial:
+        kept = tuple(ranked[:k])
+        worst, median = measure(kept)
+        trials.append(Trial(kept, float(worst), float(median), meets(worst, median, bars, margin)))
+        return trials[-1]
+
+    sizes = [0, *(s for s in STEPS if s < min(max_kept, len(ranked)))]
+    if min(max_kept, len(ranked)) > 0:
+        sizes.append(min(max_kept, len(ranked)))
+    last_fail = -1
+    for k in sizes:
+        t = run(k)
+        if t.holds:
+            for j in range(last_fail + 1, k):  # between the last failing size and k: the smallest that holds
+                if (u := run(j)).holds:
+                    return Selection(u.kept, True, tuple(trials))
+            return Selection(t.kept, True, tuple(trials))
+        last_fail = k
+    return Selection(trials[-1].kept, False, tuple(trials))
+
+
+def select(
+    ranking: Callable[[], list[dict]],
+    measure: Measure,
+    bars: Mapping[str, float],
+    max_kept: int,
+    margin: Mapping[str, float] = MARGIN,
+) -> Selection:
+    """The whole selection: the all-reduced model measured first (nothing kept if it holds: no ranking cost),
+    else ``ranking()`` (rows with a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the
+    all-reduced measurement reused)."""
+    base = measure(())
+    if meets(*base, bars, margin):
+        return Selection((), True, (Trial((), float(base[0]), float(base[1]), True),))
+    rows = ranking()
+
+    def memo(kept: tuple[str, ...]) -> tuple[float, float]:
+        return base if not kept else measure(kept)
+
+    sel = choose_kept([r["part"] for r in rows], memo, bars, max_kept, margin)
+    return Selection(sel.kept, sel.holds, sel.trials, tuple(rows))
