@@ -48,6 +48,7 @@ from sam2edge.export.executorch_graphs import (
     given_decoder_inputs,
 )
 from sam2edge.export.executorch_lower import lower
+from sam2edge.export.mixed import fp16_keep, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.runtime.backends.executorch import (
@@ -95,7 +96,7 @@ def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
     return model  # fp16: fp32 model, its encoder graph wrapped in Fp16Storage (fp16 weights, fp32 compute)
 
 
-def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
+def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] = ()) -> torch.nn.Module:
     """Dynamic int8 (XNNPACK quantizer) of the linear products (``aten.linear``): per-channel int8 weights,
     activations quantized per call. The convolutions (patch embedding, FPN laterals, conv_s0 / conv_s1) stay
     fp32: a dynamically quantized convolution sends XNNPACK's ChannelsLastTaggedReshapePass down its
@@ -111,8 +112,12 @@ def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
 
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
 
+    def kept(node: torch.fx.Node) -> bool:  # inside a layer of ``keep`` (module names under the graph's model)
+        stack = [fqn.removeprefix("model.") for fqn, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        return any(f == k or f.startswith(k + ".") for f in stack for k in keep)
+
     def is_linear(node: torch.fx.Node) -> bool:  # nn.Linear layers and Hiera's split q / k / v products
-        return node.target in LINEAR_TARGETS
+        return node.target in LINEAR_TARGETS and not kept(node)
 
     quantizer = XNNPACKQuantizer().set_global(config).set_filter_function(is_linear)
     with torch.no_grad():
@@ -122,21 +127,22 @@ def _quantize_int8(module: torch.nn.Module, args: tuple) -> torch.nn.Module:
         return convert_pt2e(prepared)
 
 
-def lower_program(module: torch.nn.Module, args: tuple, precision: str, role: str):
-    """-> (ExecutorchProgramManager, Census) for one graph at one precision (int8: the encoder only)."""
+def lower_program(module: torch.nn.Module, args: tuple, precision: str, role: str, keep: tuple[str, ...] = ()):
+    """-> (ExecutorchProgramManager, Census) for one graph at one precision (int8: the encoder only, the
+    Linear layers of ``keep`` left fp32)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if precision == "int8" and role == "encoder":
-        module = _quantize_int8(module, args)
+        module = _quantize_int8(module, args, keep)
     return lower(module, args, [XnnpackPartitioner()])
 
 
-def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
+def parameter_bytes(model: Sam2ImageModel, precision: str, kept: tuple[str, ...] = ()) -> dict[str, int]:
     """Bytes of the parameters each program holds, at ``precision``.
 
     int8: encoder Linear weights 1 byte each + one fp32 scale per output channel; everything else fp32.
     fp16: encoder parameters 2 bytes each, decoder parameters 4 (the decoder program is fp32), except
-    convolution weights and biases: ``CONV_STORED_BYTES``.
+    convolution weights and biases: ``CONV_STORED_BYTES``. ``kept``: parts kept fp32 (``export.mixed``), 4 bytes.
     """
     linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     conv = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) for k in ("weight", "bias")}
@@ -146,7 +152,8 @@ def parameter_bytes(model: Sam2ImageModel, precision: str) -> dict[str, int]:
         if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS):
             size = p.numel() + 4 * p.shape[0]
         else:  # fp16: the encoder's parameters only (decoder.pte is fp32), convolutions' kept fp32
-            half = precision == "fp16" and part == "encoder" and name not in conv
+            fp32_part = any(name == k or name.startswith(k + ".") for k in kept)
+            half = precision == "fp16" and part == "encoder" and name not in conv and not fp32_part
             size = p.numel() * (2 if half else CONV_STORED_BYTES if name in conv else 4)
         out[part] += size
     return out
@@ -239,7 +246,7 @@ def decoder_model(job) -> Sam2ImageModel:
 
 def _encoder_graph(job) -> torch.nn.Module:
     graph = XnnEncoderGraph(job.model)
-    return Fp16Storage(graph) if job.precision == "fp16" else graph
+    return Fp16Storage(graph, fp16_keep(job)) if job.precision == "fp16" else graph
 
 
 def _graphs(job) -> dict:
@@ -275,10 +282,12 @@ def contract_decoder_fidelity(job) -> dict:
 def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
     """Lower one program and measure it against its size limit (kept in job.state for the size check)."""
     role = file.split(".")[0]
-    prog, counts = lower_program(module, args, job.precision, role)
+    keep = int8_keep(job, "executorch") if job.precision == "int8" and role == "encoder" else ()
+    prog, counts = lower_program(module, args, job.precision, role, keep)
     (job.folder / file).write_bytes(prog.buffer)
     del prog
-    params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision)
+    kept = tuple(job.state.get("mixed_precision", {}).get("kept_fp32", ()))
+    params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision, kept)
     job.state["params"] = params
     if role not in params:  # a video graph: the tensors its exported program holds, at their dtype
         params[role] = program_tensor_bytes(module, args)

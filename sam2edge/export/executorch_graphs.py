@@ -219,7 +219,8 @@ class Fp16Storage(nn.Module):
     program holds the fp16 tensors; the casts run in the XNNPACK delegate. Convolutions keep fp32 weights
     (``fp16_stored``). I/O and every activation stay fp32."""
 
-    def __init__(self, graph: nn.Module) -> None:
+    def __init__(self, graph: nn.Module, keep: tuple[str, ...] = ()) -> None:
+        """``keep``: model parts (``image_encoder.trunk.blocks.3``, names under the graph's ``model``) left fp32."""
         super().__init__()
         self.graph = copy.deepcopy(graph)
         self.stored: list[str] = []
@@ -228,6 +229,9 @@ class Fp16Storage(nn.Module):
             for name, p in list(self.graph.named_parameters()):
                 owner_name, _, leaf = name.rpartition(".")
                 owner = owners[owner_name]
+                in_model = name.removeprefix("model.")
+                if any(in_model == k or in_model.startswith(k + ".") for k in keep):
+                    continue
                 if fp16_stored(name, owner):
                     setattr(owner, leaf, nn.Parameter(p.detach().half(), requires_grad=False))
                     self.stored.append(name)

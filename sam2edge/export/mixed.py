@@ -120,8 +120,9 @@ def select(
     else ``ranking()`` (rows with a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the
     all-reduced measurement reused)."""
     base = measure(())
-    if meets(*base, bars, margin):
-        return Selection((), True, (Trial((), float(base[0]), float(base[1]), True),))
+    if meets(*base, bars, margin) or max_kept <= 0:
+        ok = meets(*base, bars, margin)
+        return Selection((), ok, (Trial((), float(base[0]), float(base[1]), ok),))
     rows = ranking()
 
     def memo(kept: tuple[str, ...]) -> tuple[float, float]:
@@ -129,3 +130,34 @@ def select(
 
     sel = choose_kept([r["part"] for r in rows], memo, bars, max_kept, margin)
     return Selection(sel.kept, sel.holds, sel.trials, tuple(rows))
+
+
+def fp16_keep(job) -> tuple[str, ...]:
+    """The encoder parts an fp16-storage export (``job``: ``export.pipeline.Job``) keeps fp32 for its weights,
+    chosen by measurement (``export.precision.select_fp16`` on the job's model and eager reference, at the
+    job's fp16 bars); recorded in ``job.state["mixed_precision"]`` (card.json ``extra.mixed_precision``)."""
+    from sam2edge.checks.fidelity.bars import bars_for
+    from sam2edge.export.precision import select_fp16
+    from sam2edge.progress import stage
+
+    if "mixed_precision" not in job.state:
+        stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
+        sel = select_fp16(job.model, job.cfg, job.reference(), bars_for("fp16", job.bars), clicks=job.clicks)
+        job.state["mixed_precision"] = sel.as_dict()
+    return tuple(job.state["mixed_precision"]["kept_fp32"])
+
+
+def int8_keep(job, target: str) -> tuple[str, ...]:
+    """The encoder Linears a dynamic-int8 export (``job``) keeps fp32, chosen by measurement
+    (``export.int8_sensitivity.select_int8`` on the weights the export quantises, with ``target``'s
+    activation granularity); recorded in ``job.state["mixed_precision"]``."""
+    from sam2edge.export.int8_sensitivity import SELECTION_BARS, select_int8
+    from sam2edge.progress import stage
+
+    if "mixed_precision" not in job.state:
+        stage("int8: measuring which encoder layers must stay fp32 (eager emulation vs the fp32 reference)")
+        sd = {k: v.detach() for k, v in job.model.state_dict().items()}
+        bars = {**SELECTION_BARS, **(job.bars or {})}
+        sel = select_int8(sd, job.cfg, target, job.reference(), bars, clicks=job.clicks)
+        job.state["mixed_precision"] = sel.as_dict()
+    return tuple(job.state["mixed_precision"]["kept_fp32"])

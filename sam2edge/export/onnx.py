@@ -33,11 +33,11 @@ from sam2edge.config import Sam2Config, config_name, model_id
 from sam2edge.export import batched as bat
 from sam2edge.export import onnx_int8 as i8
 from sam2edge.export import video as vid
+from sam2edge.export.mixed import fp16_keep
 from sam2edge.export.onnx_fp16 import fp16_storage
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model import Rewrites, Sam2ImageModel
-from sam2edge.progress import stage
 from sam2edge.runtime.backends import onnx as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
@@ -286,21 +286,9 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
         final = i8.quantize_encoder(job, opt, work, lambda src, dst: finish(src, dst, vnni_props))
     elif job.precision == "fp16" and role == "encoder":
         final = work / "fp16_encoder.onnx"
-        keep = _fp16_keep(job)
+        keep = fp16_keep(job)
         job.state["census"][role]["fp16"] = fp16_storage(opt, final, keep=keep)
     finish(final, job.folder / file, props)
-
-
-def _fp16_keep(job) -> tuple[str, ...]:
-    """The encoder parts this checkpoint's fp16 storage keeps fp32, chosen by measurement
-    (``export.precision.select_fp16``; card.json ``extra.mixed_precision``)."""
-    from sam2edge.checks.fidelity.bars import bars_for
-    from sam2edge.export.precision import select_fp16
-
-    stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
-    sel = select_fp16(job.model, job.cfg, job.reference(), bars_for("fp16", job.bars), clicks=job.clicks)
-    job.state["mixed_precision"] = sel.as_dict()
-    return sel.kept
 
 
 def optimization_check(job) -> dict:
@@ -349,7 +337,6 @@ def _extra(job) -> dict:
             if job.precision == "int8"
             else {}
         ),
-        **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
     }
 
 

@@ -26,6 +26,7 @@ from sam2edge.checks.fidelity.bars import bars_for
 from sam2edge.checks.fidelity.measure import measure_backend
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
+from sam2edge.export.mixed import int8_keep
 from sam2edge.runtime.backends import onnx as ob
 
 INT8_OPS = ("MatMul",)
@@ -83,26 +84,12 @@ def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS, keep: t
     }
 
 
-def select_kept(job) -> tuple[str, ...]:
-    """The encoder Linears this checkpoint's int8 encoder keeps fp32, chosen by measurement
-    (``export.int8_sensitivity.select_int8`` on the export's smoothed weights, ONNX's per-tensor activations;
-    card.json ``extra.mixed_precision``)."""
-    from sam2edge.export.int8_sensitivity import select_int8
-    from sam2edge.progress import stage
-
-    stage("int8: measuring which encoder layers must stay fp32 (eager emulation vs the fp32 reference)")
-    sd = {k: v.detach() for k, v in job.model.state_dict().items()}
-    sel = select_int8(sd, job.cfg, "onnx", job.reference(), clicks=job.clicks)
-    job.state["mixed_precision"] = sel.as_dict()
-    return sel.kept
-
-
 def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
     """The portable int8 encoder of ``opt`` (returned, for the caller to finish as encoder.onnx) and, on a
     VNNI CPU, ``encoder_vnni.onnx`` finished by ``finish(src, dst)`` into the bundle."""
     portable = work / "int8_encoder.onnx"
     census = job.state["census"]["encoder"]
-    keep = select_kept(job)
+    keep = int8_keep(job, "onnx")
     census["int8"] = quantize_int8(opt, portable, PORTABLE_WEIGHTS, keep)
     if ob.has_vnni():
         vnni = work / "int8_encoder_vnni.onnx"

@@ -235,9 +235,10 @@ def mixed_note(sel: dict | None) -> str:
         return ""
     kept = ", ".join(sel["kept_fp32"]) or "nothing"
     verdict = "met the bars" if sel["holds"] else "still missed the bars"
+    ranked = ", ".join(r["part"] for r in sel.get("ranking", [])[:3])
     return (
         f"keeping {kept} in fp32 {verdict} in the eager emulation (worst {sel['iou_worst']:.4f}, median "
-        f"{sel['iou_median']:.4f}); "
+        f"{sel['iou_median']:.4f})" + (f"; the most sensitive parts: {ranked}" if ranked else "") + "; "
     )
 
 
@@ -302,6 +303,7 @@ def run_export(
                     **spec.extra(job),
                     **({"video": vid.extra(job)} if video else {}),
                     **({"fp32_kept": kept} if (kept := fp32_kept(target, precision, video)) else {}),
+                    **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
                     "stage_seconds": dict(stages.seconds),
                 },
             )

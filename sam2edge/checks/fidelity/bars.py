@@ -57,5 +57,9 @@ def check_bars(outputs: dict[str, dict], e2e: dict, bars: dict[str, float]) -> l
             + (f" ({where})" if where else "")
         )
     if "min_iou_median" in bars and not e2e["iou_median"] >= bars["min_iou_median"]:
-        failures.append(f"end-to-end mask IoU median {e2e['iou_median']:.4f} < {bars['min_iou_median']}")
+        low = ", ".join(f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}" for c in e2e.get("lowest_clicks", []))
+        failures.append(
+            f"end-to-end mask IoU median {e2e['iou_median']:.4f} < {bars['min_iou_median']}"
+            + (f" (lowest: {low})" if low else "")
+        )
     return failures
