@@ -142,3 +142,38 @@ def test_export_refused_when_the_selection_cannot_hold(tmp_path, monkeypatch):
     assert "keeping nothing in fp32 still missed the bars in the eager emulation (worst " in msg, msg
     assert re.search(r"IoU (worst|median) 0\.\d{4} < 0\.99", msg) and "sam2edge diagnose onnx" in msg, msg
     assert re.search(r"\((lowest: )?\S+\.(png|jpg) [a-z+]+ #\d+ 0\.\d{4}", msg), msg  # photo, kind, index, IoU
+
+
+@pytest.fixture(scope="module")
+def robustness_set(tmp_path_factory):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "robustness_set.py"
+    spec = importlib.util.spec_from_file_location("robustness_set", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.write_set(tmp_path_factory.mktemp("robustness_set"))
+
+
+# the reduced-precision goal on every checkpoint: the fp16 bars; int8's bar (worst) and a median of 0.99
+GOAL = {"fp16": FP16, "int8": {"min_iou_worst": BARS["int8"]["min_iou_worst"], "min_iou_median": 0.99}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+@pytest.mark.parametrize("target", ["onnx", "executorch", "litert"])
+def test_reduced_exports_ship_on_the_robustness_set(robustness_set, target, precision, tmp_path):
+    """Full size (1024 px Hiera-Tiny), the real converter and runtime, every checkpoint of the set: the export
+    (with its measured choice of parts kept fp32) ships, and its own 40-click fidelity meets the goal."""
+    from sam2edge.export.pipeline import run_export
+
+    bad = []
+    for name, path in robustness_set.items():
+        out = tmp_path / name
+        card = run_export(target, "sam2.1-hiera-tiny", precision, out, checkpoint=str(path), force=True)
+        e2e = card["fidelity"]["end_to_end"]
+        if card["status"] != "shippable" or not meets(e2e["iou_worst"], e2e["iou_median"], GOAL[precision], {}):
+            kept = card["extra"].get("mixed_precision", {}).get("kept_fp32")
+            bad.append((name, card["status"], e2e["iou_worst"], e2e["iou_median"], kept))
+    assert not bad, (target, precision, bad)

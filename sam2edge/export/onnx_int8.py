@@ -41,8 +41,9 @@ PORTABLE_WEIGHTS, VNNI_WEIGHTS = "u8", "s8"
 
 
 def nodes_of(src: Path, layers: tuple[str, ...]) -> list[str]:
-    """Names of ``src``'s quantisable nodes (``INT8_OPS``) inside the modules ``layers`` (dotted names, e.g.
-    ``image_encoder.trunk.blocks.5.attn.qkv``; the exporter names a node by its module scope)."""
+    """Names of ``src``'s quantisable nodes (``INT8_OPS``, and the Gemm the optimiser fuses a Linear into)
+    inside the modules ``layers`` (dotted names, e.g. ``image_encoder.trunk.blocks.5.attn.qkv``; the exporter
+    names a node by its module scope)."""
     import onnx
 
     from sam2edge.export.onnx_fp16 import _dotted
@@ -51,8 +52,9 @@ def nodes_of(src: Path, layers: tuple[str, ...]) -> list[str]:
     out = []
     for n in graph.node:
         scope = _dotted(n.name.rsplit("/", 1)[0])
-        if n.op_type in INT8_OPS and any(scope == x or scope.startswith(x + ".") for x in layers):
-            out.append(n.name)
+        if n.op_type in (*INT8_OPS, "Gemm") and any(scope == x or scope.startswith(x + ".") for x in layers):
+            # quantize_dynamic first splits a Gemm into MatMul + Add and names the MatMul NAME_MatMul
+            out.append(n.name + "_MatMul" if n.op_type == "Gemm" else n.name)
     return out
 
 
@@ -76,7 +78,11 @@ def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS, keep: t
         op_types_to_quantize=INT8_OPS,
         nodes_to_exclude=excluded,
     )
-    ops = [n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node]
+    nodes = onnx.load(str(dst), load_external_data=False).graph.node
+    ops = [n.op_type for n in nodes]
+    leaked = [n.name for n in nodes if n.op_type == "MatMulInteger" and n.name.startswith(tuple(excluded))]
+    if leaked:
+        raise RuntimeError(f"int8: layers kept fp32 were quantised anyway: {leaked}")
     return {
         "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
         "MatMulInteger": ops.count("MatMulInteger"),
