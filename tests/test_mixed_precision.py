@@ -70,6 +70,14 @@ def test_select_skips_the_ranking_when_everything_reduced_holds():
     assert sel.holds and sel.kept == () and not ranked and len(sel.trials) == 1
 
 
+def test_select_gives_up_at_once_when_keeping_everything_misses_the_bars():
+    calls: list = []
+    ranked: list = []
+    bars = {"min_iou_worst": 1.01}  # nothing can meet it
+    sel = select(lambda: ranked.append(1) or [], _needs({"a"}, calls), bars, max_kept=4, upper=["a", "b"])
+    assert not sel.holds and sel.kept == () and not ranked and calls == [(), ("a", "b")]
+
+
 def test_meets_applies_the_margin_and_fails_nan():
     assert meets(0.99 + MARGIN["min_iou_worst"], 0.999 + MARGIN["min_iou_median"], FP16)
     assert not meets(0.9905, 0.9995, FP16)  # over the bar, under bar + margin
@@ -142,6 +150,69 @@ def test_export_refused_when_the_selection_cannot_hold(tmp_path, monkeypatch):
     assert "keeping nothing in fp32 still missed the bars in the eager emulation (worst " in msg, msg
     assert re.search(r"IoU (worst|median) 0\.\d{4} < 0\.99", msg) and "sam2edge diagnose onnx" in msg, msg
     assert re.search(r"\((lowest: )?\S+\.(png|jpg) [a-z+]+ #\d+ 0\.\d{4}", msg), msg  # photo, kind, index, IoU
+
+
+def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:
+    """``sd`` with ``channels`` random channels of every Hiera LayerNorm weight x ``gain``: activations with
+    outlier channels, which widen a per-tensor int8 range (benchmarks/int8_smoothing.py's ``:outliers``)."""
+    sd = dict(sd)
+    g = torch.Generator().manual_seed(seed)
+    for k in list(sd):
+        if k.startswith("image_encoder.trunk.blocks.") and ".norm" in k and k.endswith(".weight"):
+            w = sd[k].clone()
+            w[torch.randperm(w.shape[0], generator=g)[:channels]] *= gain
+            sd[k] = w
+    return sd
+
+
+@pytest.mark.parametrize("spec", ["synthetic:1", "synthetic:2"])
+def test_int8_selection_keeps_sensitive_layers_until_the_goal_holds(spec):
+    """ONNX's int8 (per-tensor activations) on the smoothed weights the export quantises, with outlier channels:
+    the all-int8 encoder misses the goal (worst >= 0.95, median >= 0.99); the selection keeps the layers the
+    sweep ranks first, and the kept set meets it (20 clicks vs eager fp32, upstream's operations)."""
+    from sam2edge.checks.fidelity.measure import CachedReference
+    from sam2edge.export.int8_sensitivity import SELECTION_BARS, select_int8
+    from sam2edge.export.onnx import ONNX_REWRITES
+    from sam2edge.export.smooth import smoothed
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.backends import EagerBackend
+
+    sd = int8_outliers(variant_state_dict(spec, TEST_SMALL), seed=5)
+    ref = CachedReference(EagerBackend.from_state_dict(sd, TEST_SMALL, UPSTREAM))
+    sel = select_int8(smoothed(sd, TEST_SMALL, ONNX_REWRITES)[0], TEST_SMALL, "onnx", ref, clicks=20, rank_clicks=5)
+    base = sel.trials[0]
+    assert base.kept == () and not meets(base.iou_worst, base.iou_median, SELECTION_BARS, {}), base
+    assert sel.holds and 0 < len(sel.kept) < 8, sel.as_dict()["trials"]
+    assert list(sel.kept) == [r["part"] for r in sel.ranking[: len(sel.kept)]]  # the ranking's prefix
+    assert meets(sel.chosen.iou_worst, sel.chosen.iou_median, SELECTION_BARS, {})
+
+
+def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
+    """ExecuTorch: the XNNPACK quantizer leaves a kept Linear fp32 (one weight dequantisation fewer), and
+    ``Fp16Storage`` leaves a kept part's parameters fp32, by module name under the graph's model."""
+    from sam2edge.export.executorch import _quantize_int8
+    from sam2edge.export.executorch_graphs import Fp16Storage
+
+    class Graph(torch.nn.Module):  # a graph wrapper holding ``model`` as export.wrappers' graphs do
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.a, self.model.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            return self.model.b(torch.relu(self.model.a(x)))
+
+    torch.manual_seed(0)
+    graph, args = Graph().eval(), (torch.randn(4, 32),)
+
+    def weight_dequants(keep: tuple[str, ...]) -> int:
+        q = _quantize_int8(graph, args, keep)
+        return sum("dequantize_per_channel" in str(n.target) for n in q.graph.nodes if n.op == "call_function")
+
+    assert weight_dequants(()) == 2 and weight_dequants(("a",)) == 1 and weight_dequants(("a", "b")) == 0
+    stored = Fp16Storage(graph, keep=("b",))
+    dtypes = {n: p.dtype for n, p in stored.graph.named_parameters()}
+    assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.weight"] == torch.float32, dtypes
 
 
 @pytest.fixture(scope="module")

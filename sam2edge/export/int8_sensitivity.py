@@ -192,4 +192,4 @@ def select_int8(
             )
         return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
 
-    return select(ranking, measure, SELECTION_BARS if bars is None else bars, max_kept)
+    return select(ranking, measure, SELECTION_BARS if bars is None else bars, max_kept, upper=list(emu.layers))

@@ -115,14 +115,21 @@ def select(
     bars: Mapping[str, float],
     max_kept: int,
     margin: Mapping[str, float] = MARGIN,
+    upper: Sequence[str] | None = None,
 ) -> Selection:
     """The whole selection: the all-reduced model measured first (nothing kept if it holds: no ranking cost),
-    else ``ranking()`` (rows with a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the
+    then (``upper``: every candidate part) everything kept, to give up at once on bars nothing can meet, else
+    ``ranking()`` (rows with a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the
     all-reduced measurement reused)."""
     base = measure(())
     if meets(*base, bars, margin) or max_kept <= 0:
         ok = meets(*base, bars, margin)
         return Selection((), ok, (Trial((), float(base[0]), float(base[1]), ok),))
+    if upper is not None:  # every candidate kept: if even that misses the bars, no subset will (no ranking cost)
+        top = measure(tuple(upper))
+        if not meets(*top, bars, margin):
+            trials = (Trial((), float(base[0]), float(base[1]), False), Trial(tuple(upper), *map(float, top), False))
+            return Selection((), False, trials)
     rows = ranking()
 
     def memo(kept: tuple[str, ...]) -> tuple[float, float]:

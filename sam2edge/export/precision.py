@@ -329,4 +329,4 @@ def select_fp16(model: Sam2ImageModel, cfg: Sam2Config, reference, bars: dict, c
         ious = _ious(ref, Sam2Predictor(GraphBackend(reduced, cfg, decoder_model=model)), prompts)
         return float(min(ious)), float(np.median(ious))
 
-    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept)
+    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept, upper=parts)
