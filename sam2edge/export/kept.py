@@ -36,6 +36,13 @@ _INT8_DECODER = (
     "2026-12-04); the other targets' int8 is the same scheme"
 )
 
+# the parts chosen per checkpoint (export.mixed), listed with their measurements in card.json extra.mixed_precision
+_MEASURED_PARTS = "encoder parts listed in extra.mixed_precision (when any)"
+_MEASURED_WHY = (
+    "chosen for these weights by measurement at export: the fewest parts, most harmful first, whose fp32 copies "
+    "make the emulated end-to-end mask IoU meet the bars (export.mixed)"
+)
+
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "executorch": {
         "fp16": {
@@ -45,8 +52,10 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "encoder arithmetic (fp16 parameters cast to fp32 in the XNNPACK delegate)": _FP16_STORAGE,
             "encoder convolution weights": "XNNPACK serializes convolution weights as fp32 at every precision",
             "graph inputs and outputs": _IO,
+            _MEASURED_PARTS: _MEASURED_WHY,
         },
         "int8": {
+            _MEASURED_PARTS: _MEASURED_WHY,
             "decoder.pte, decoder_cpu.pte + decoder_prep.pte (prompt encoder + mask decoder)": _INT8_DECODER
             + "; its int8 lowering also fails in "
             "XNNPACK's ChannelsLastTaggedReshapePass",
@@ -62,8 +71,10 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "float constants under 256 values (export.onnx.FP16_MIN_ELEMENTS)": "negligible size; scales and "
             "eps stay exact",
             "graph inputs and outputs": _IO,
+            _MEASURED_PARTS: _MEASURED_WHY,
         },
         "int8": {
+            _MEASURED_PARTS: _MEASURED_WHY,
             "decoder.onnx": _INT8_DECODER,
             "encoder outside MatMul": "onnxruntime dynamic quantisation of MatMul only",
         },
