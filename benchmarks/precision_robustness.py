@@ -77,12 +77,12 @@ def record(args) -> int:
     from sam2edge.cards.report import SCHEMA
 
     rows = []
-    for folder in sorted(Path(args.bundles).iterdir()):
+    for folder in sorted(p for b in args.bundles for p in Path(b).iterdir()):
         card_path = folder / "card.json"
         if card_path.is_file():
             card = json.loads(card_path.read_text())
             card["fidelity"] = json.loads((folder / "fidelity.json").read_text())
-            rows.append(_row(card, folder.name.split("--")[0]))
+            rows.append(_row(card, Path(card["source"].get("checkpoint") or folder.name).stem))
     rec = {
         "schema": SCHEMA,
         "id": "precision-robustness-1024",
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--targets", nargs="*", default=["onnx", "executorch", "litert"])
     e.add_argument("--precisions", nargs="*", default=["fp16", "int8"])
     r = sub.add_parser("record")
-    r.add_argument("--bundles", required=True)
+    r.add_argument("--bundles", required=True, nargs="+", help="folders holding bundle folders")
     r.add_argument("--out", required=True)
     args = p.parse_args(argv)
     return export(args) if args.cmd == "export" else record(args)

@@ -184,12 +184,16 @@ def select_int8(
         return float(min(ious)), float(np.median(ious))
 
     def ranking() -> list[dict]:
+        from sam2edge.progress import Progress
+
         rows = []
-        for name in emu.layers:
-            ious = emu.ious(rank_prompts, (name,))
-            rows.append(
-                {"part": name, "iou_worst_kept_alone": float(min(ious)), "iou_mean_kept_alone": float(np.mean(ious))}
-            )
+        with Progress("int8: ranking encoder Linears (each kept fp32 alone)", len(emu.layers), "layer") as bar:
+            for name in emu.layers:
+                bar.step(note=name)
+                ious = emu.ious(rank_prompts, (name,))
+                worst, mean = float(min(ious)), float(np.mean(ious))
+                rows.append({"part": name, "iou_worst_kept_alone": worst, "iou_mean_kept_alone": mean})
         return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
 
-    return select(ranking, measure, SELECTION_BARS if bars is None else bars, max_kept, upper=list(emu.layers))
+    bars = SELECTION_BARS if bars is None else bars
+    return select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8")

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 Measure = Callable[[tuple[str, ...]], tuple[float, float]]
 # the emulated IoUs must clear the bars by this much: the runtime's kernels round differently from eager
 MARGIN = {"min_iou_worst": 0.001, "min_iou_median": 0.0001}
-# prefix sizes tried after 0 (geometric past 4, so a long ranking costs few measurements)
-STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# prefix sizes tried after 0 (doubling, then a binary search: a long ranking costs few measurements)
+STEPS = (1, 2, 4, 8, 16, 32, 64)
+# end-to-end measurements one selection may spend (each encodes every photo of the click set once)
+MAX_MEASUREMENTS = 6
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,11 @@ def choose_kept(
     bars: Mapping[str, float],
     max_kept: int,
     margin: Mapping[str, float] = MARGIN,
+    budget: int = MAX_MEASUREMENTS,
 ) -> Selection:
     """The smallest prefix of ``ranked`` (most harmful first) that, kept fp32, meets ``bars`` + ``margin`` by
-    ``measure``; prefixes of 0, then ``STEPS`` sizes up to ``max_kept``, then down to the smallest that holds
-    between the last failing and the first passing size."""
+    ``measure``: prefixes of 0, then ``STEPS`` sizes (doubling) up to ``max_kept``, then a binary search between
+    the last failing and the first passing size; at most ``budget`` measurements (then: does not hold)."""
     trials: list[Trial] = []
 
     def run(k: int) -> Trial:
@@ -94,18 +97,20 @@ def choose_kept(
         trials.append(Trial(kept, float(worst), float(median), meets(worst, median, bars, margin)))
         return trials[-1]
 
-    sizes = [0, *(s for s in STEPS if s < min(max_kept, len(ranked)))]
-    if min(max_kept, len(ranked)) > 0:
-        sizes.append(min(max_kept, len(ranked)))
+    top = min(max_kept, len(ranked))
+    sizes = [0, *(s for s in STEPS if s < top)] + ([top] if top > 0 else [])
     last_fail = -1
     for k in sizes:
-        t = run(k)
-        if t.holds:
-            for j in range(last_fail + 1, k):  # between the last failing size and k: the smallest that holds
-                if (u := run(j)).holds:
-                    return Selection(u.kept, True, tuple(trials))
-            return Selection(t.kept, True, tuple(trials))
-        last_fail = k
+        if len(trials) >= budget:
+            break
+        if not run(k).holds:
+            last_fail = k
+            continue
+        lo, hi = last_fail, k  # lo fails (or is -1), hi holds
+        while hi - lo > 1 and len(trials) < budget:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if run(mid).holds else (mid, hi)
+        return Selection(tuple(ranked[:hi]), True, tuple(trials))
     return Selection(trials[-1].kept, False, tuple(trials))
 
 
@@ -116,27 +121,54 @@ def select(
     max_kept: int,
     margin: Mapping[str, float] = MARGIN,
     upper: Sequence[str] | None = None,
+    budget: int = MAX_MEASUREMENTS,
+    label: str = "mixed precision",
 ) -> Selection:
-    """The whole selection: the all-reduced model measured first (nothing kept if it holds: no ranking cost),
-    then (``upper``: every candidate part) everything kept, to give up at once on bars nothing can meet, else
-    ``ranking()`` (rows with a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the
-    all-reduced measurement reused)."""
-    base = measure(())
-    if meets(*base, bars, margin) or max_kept <= 0:
+    """The whole selection, at most ``budget`` end-to-end measurements (a progress bar steps per measurement):
+    the all-reduced model measured first (nothing kept if it holds: no ranking cost), then (``upper``: every
+    candidate part) everything kept, to give up at once on bars nothing can meet, else ``ranking()`` (rows with
+    a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the all-reduced measurement reused)."""
+    measure = _with_progress(measure, f"{label}: end-to-end measurements (at most {budget})", budget)
+    try:
+        base = measure(())
         ok = meets(*base, bars, margin)
-        return Selection((), ok, (Trial((), float(base[0]), float(base[1]), ok),))
-    if upper is not None:  # every candidate kept: if even that misses the bars, no subset will (no ranking cost)
-        top = measure(tuple(upper))
-        if not meets(*top, bars, margin):
-            trials = (Trial((), float(base[0]), float(base[1]), False), Trial(tuple(upper), *map(float, top), False))
-            return Selection((), False, trials)
-    rows = ranking()
+        first = Trial((), float(base[0]), float(base[1]), ok)
+        if ok or max_kept <= 0:
+            return Selection((), ok, (first,))
+        if upper is not None:  # every candidate kept: if even that misses the bars, no subset will
+            top = measure(tuple(upper))
+            if not meets(*top, bars, margin):
+                return Selection((), False, (first, Trial(tuple(upper), float(top[0]), float(top[1]), False)))
+        rows = ranking()
 
-    def memo(kept: tuple[str, ...]) -> tuple[float, float]:
-        return base if not kept else measure(kept)
+        def memo(kept: tuple[str, ...]) -> tuple[float, float]:
+            return base if not kept else measure(kept)
 
-    sel = choose_kept([r["part"] for r in rows], memo, bars, max_kept, margin)
-    return Selection(sel.kept, sel.holds, sel.trials, tuple(rows))
+        left = budget - 1 - (upper is not None)
+        sel = choose_kept([r["part"] for r in rows], memo, bars, max_kept, margin, left + 1)
+        return Selection(sel.kept, sel.holds, sel.trials, tuple(rows))
+    finally:
+        measure.close()
+
+
+class _with_progress:
+    """``measure`` with a progress bar: one step per end-to-end measurement, noting the kept count and IoUs."""
+
+    def __init__(self, measure: Measure, label: str, total: int) -> None:
+        self.measure, self.label, self.total, self.bar = measure, label, total, None
+
+    def __call__(self, kept: tuple[str, ...]) -> tuple[float, float]:
+        from sam2edge.progress import Progress
+
+        if self.bar is None:
+            self.bar = Progress(self.label, self.total, "measurement")
+        worst, median = self.measure(kept)
+        self.bar.step(note=f"{len(kept)} kept fp32: worst {worst:.4f} median {median:.4f}")
+        return worst, median
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def fp16_keep(job) -> tuple[str, ...]:

@@ -293,10 +293,13 @@ def rank_fp16(model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: 
     from sam2edge.runtime.preprocess import preprocess
 
     xs = [torch.as_tensor(np.asarray(preprocess(photo(p), cfg.image_size))) for p in photos]
-    with torch.no_grad():
+    from sam2edge.progress import Progress
+
+    with torch.no_grad(), Progress("fp16: ranking encoder parts (each rounded alone)", len(parts), "part") as bar:
         refs = [model.encode_image(x) for x in xs]
         rows = []
         for part in parts:
+            bar.step(note=part)
             reduced = fp16_weights(model, tuple(p for p in parts if p != part)).eval()
             err = max(
                 float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -329,4 +332,4 @@ def select_fp16(model: Sam2ImageModel, cfg: Sam2Config, reference, bars: dict, c
         ious = _ious(ref, Sam2Predictor(GraphBackend(reduced, cfg, decoder_model=model)), prompts)
         return float(min(ious)), float(np.median(ious))
 
-    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept, upper=parts)
+    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept, label="fp16")
