@@ -5,6 +5,7 @@
         [--only upstream-s4-outliers] [--targets onnx executorch litert] [--precisions fp16 int8 fp32]
     .venv/bin/python benchmarks/precision_robustness.py record --bundles /tmp/rset-bundles \\
         --out benchmarks/records/45-precision-robustness-1024.json
+    .venv/bin/python benchmarks/precision_robustness.py weights --set /tmp/rset
 
 ``export`` runs ``sam2edge export ... --force`` (a refused bundle is still written, as "rejected", with its
 measured fidelity) for every checkpoint x target x precision whose bundle folder is not there yet, one process
@@ -105,6 +106,22 @@ def record(args) -> int:
     return 0
 
 
+def weights(args) -> int:
+    """Per checkpoint: the largest |w| of the encoder and the largest relative fp16 rounding error of any
+    encoder tensor (||fp16(w) - w|| / ||w||): range overflow or underflow would show here."""
+    from sam2edge.config import HIERA_TINY
+    from sam2edge.weights import load_weights
+
+    manifest = json.loads((Path(args.set) / "manifest.json").read_text())
+    for name, entry in manifest.items():
+        sd = load_weights(str(Path(args.set) / entry["file"]), HIERA_TINY)[0]
+        enc = {k: v for k, v in sd.items() if k.startswith("image_encoder.") and v.is_floating_point()}
+        peak = max(float(v.abs().max()) for v in enc.values())
+        rel = max(float((v.half().float() - v).norm() / v.norm().clamp_min(1e-30)) for v in enc.values())
+        print(f"{name}: max |w| {peak:.3g}, largest relative fp16 rounding error {rel:.2e}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -117,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("record")
     r.add_argument("--bundles", required=True, nargs="+", help="folders holding bundle folders")
     r.add_argument("--out", required=True)
+    w = sub.add_parser("weights")
+    w.add_argument("--set", required=True)
     args = p.parse_args(argv)
-    return export(args) if args.cmd == "export" else record(args)
+    return {"export": export, "record": record, "weights": weights}[args.cmd](args)
 
 
 if __name__ == "__main__":
