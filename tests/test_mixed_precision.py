@@ -51,17 +51,20 @@ def _needs(required: set[str], calls: list):
 def test_choose_kept_returns_the_smallest_prefix_that_holds():
     ranked = [f"p{i}" for i in range(10)]
     calls: list = []
-    sel = choose_kept(ranked, _needs({"p0", "p4"}, calls), FP16, max_kept=10)
+    sel = choose_kept(ranked, _needs({"p0", "p4"}, calls), FP16, max_kept=10, budget=10)
     assert sel.holds and sel.kept == ("p0", "p1", "p2", "p3", "p4")
-    # 0, 1, 2, 3, 4 fail ... 6 holds, then 5 holds: the smallest between the last failing size and 6
-    assert [len(k) for k in calls] == [0, 1, 2, 3, 4, 6, 5]
+    # 0, 1, 2, 4 fail, 8 holds; binary search: 6 holds, 5 holds
+    assert [len(k) for k in calls] == [0, 1, 2, 4, 8, 6, 5]
     assert sel.chosen.iou_worst == 0.999 and sel.as_dict()["kept_fp32"] == list(sel.kept)
 
 
-def test_choose_kept_says_when_nothing_holds():
+def test_choose_kept_says_when_nothing_holds_and_keeps_to_its_budget():
     calls: list = []
     sel = choose_kept(["a", "b", "c"], _needs({"z"}, calls), FP16, max_kept=2)
     assert not sel.holds and sel.kept == ("a", "b") and [len(k) for k in calls] == [0, 1, 2]
+    calls.clear()
+    sel = choose_kept([f"p{i}" for i in range(10)], _needs({"p6"}, calls), FP16, max_kept=10, budget=4)
+    assert not sel.holds and [len(k) for k in calls] == [0, 1, 2, 4]
 
 
 def test_select_skips_the_ranking_when_everything_reduced_holds():
