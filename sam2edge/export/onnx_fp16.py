@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 FP16_MIN_ELEMENTS = 256  # smaller float constants (scales, eps, biases of tiny layers) stay fp32
+FP16_SUFFIX = "__fp16"  # an fp16-stored initializer's name: the fp32 name + this (its Cast outputs the fp32 name)
 WRAPPER = "model"  # the graph wrappers' attribute holding the model (export.wrappers): dropped from names
 
 
@@ -29,19 +30,23 @@ def _dotted(name: str) -> str:
 def initializer_owners(graph) -> dict[str, str]:
     """initializer name -> dotted module path (``image_encoder.trunk.blocks.5.attn.qkv``) of what owns it:
     the parameter's module for a parameter-named initializer, else the scope of the first node that reads it
-    ("" when neither names one)."""
+    (through a ``Cast``: an fp16-stored initializer, ``fp16_storage``'s ``NAME__fp16``); "" when neither names one."""
     inits = {i.name for i in graph.initializer}
-    readers: dict[str, str] = {}
+    readers: dict[str, str] = {}  # value -> scope of its first reader with a scope name
+    casts: dict[str, str] = {}  # initializer -> the value a Cast of it produces
     for node in graph.node:
         for x in node.input:
-            if x in inits and x not in readers and node.name.startswith("/"):
+            if x not in readers and node.name.startswith("/"):
                 readers[x] = _dotted(node.name.rsplit("/", 1)[0])
+        if node.op_type == "Cast" and node.input and node.input[0] in inits:
+            casts[node.input[0]] = node.output[0]
     out = {}
     for name in inits:
-        if not name.startswith(("onnx::", "/")) and "." in name:
-            out[name] = _dotted(name).rsplit(".", 1)[0]  # model.image_encoder...qkv.weight -> ...qkv
+        param = name.removesuffix(FP16_SUFFIX)
+        if not param.startswith(("onnx::", "/")) and "." in param:
+            out[name] = _dotted(param).rsplit(".", 1)[0]  # model.image_encoder...qkv.weight -> ...qkv
         else:
-            out[name] = readers.get(name, "")
+            out[name] = readers.get(name) or readers.get(casts.get(name, ""), "")
     return out
 
 
@@ -67,7 +72,7 @@ def fp16_storage(src: Path, dst: Path, min_elements: int = FP16_MIN_ELEMENTS, ke
         if _in_parts(owners.get(init.name, ""), keep):
             kept, kept_parts = kept + 1, kept_parts + 1
             continue
-        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), f"{init.name}__fp16")
+        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name + FP16_SUFFIX)
         casts.append(helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT, name=f"{half.name}_cast"))
         m.graph.initializer[i].CopyFrom(half)
         stored += 1
