@@ -15,7 +15,7 @@ from sam2edge.checks.fidelity.metrics import mask_iou
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, video_file
+from sam2edge.runtime.video.bundle import BATCHED, VIDEO_BATCH, VIDEO_GRAPHS, video_file
 from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from tests.video_oracles import drifting_clip
 
@@ -58,7 +58,7 @@ def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
     assert bundle.backend.name == f"{target}-bundle"
     assert bundle.backend.run.loaded() == ()  # each graph's runtime session is made on its first call
     want, got = _track(eager, clip), _track(bundle, clip)
-    assert sorted(bundle.backend.run.loaded()) == sorted(VIDEO_GRAPHS)
+    assert set(bundle.backend.run.loaded()) == {*VIDEO_GRAPHS, *(r + BATCHED for r in VIDEO_GRAPHS)}
     assert want.keys() == got.keys() and len(want) == 15
     fg = [float((m > 0).mean()) for m in want.values()]
     assert 0.0 < min(fg) and max(fg) < 1.0, fg
@@ -66,6 +66,49 @@ def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
         for o in range(ref.shape[0]):
             iou = mask_iou(got[key][o] > 0, ref[o] > 0)
             assert iou >= 0.999, f"{target} {key} object {o}: IoU {iou:.5f}"
+
+
+def test_five_objects_run_batched_like_eager(video_bundle, video_checkpoint, tmp_path):
+    """Five objects through a bundle's batched graphs: each tracked frame runs 4 objects in one call of each
+    batched graph and the fifth through the single-object graphs; per frame and object IoU >= 0.999 vs eager."""
+    target, folder, _ = video_bundle
+    clip = tmp_path / "clip"
+    drifting_clip(clip, frames=4, size=(176, 144), step=11)
+    eager = Sam2VideoPredictor.from_checkpoint(str(video_checkpoint), TEST_SMALL, VIDEO_TEST_SMALL)
+    bundle = Sam2VideoPredictor.from_export(folder)
+    calls: list[str] = []
+    runs = bundle.backend.run
+
+    class Recorded(dict):
+        def __getitem__(self, role):
+            return lambda feed: (calls.append(role), runs[role](feed))[1]
+
+    clicks = [(0, 0.6, 0.3), (0, 0.25, 0.7), (0, 0.8, 0.75), (1, 0.4, 0.4), (1, 0.7, 0.55)]
+
+    def track(pred, record: bool):
+        state = pred.init_state(video_path=str(clip))
+        w, h = state.video_width, state.video_height
+        for i, (f, x, y) in enumerate(clicks):
+            pred.add_new_points_or_box(state, f, 10 + i, points=np.array([[x * w, y * h]]), labels=np.array([1]))
+        pred.propagate_in_video_preflight(state)
+        if record:
+            bundle.backend.run = Recorded()
+        out = [m.numpy() for _, _, m in pred.propagate_in_video(state)]
+        out += [m.numpy() for _, _, m in pred.propagate_in_video(state, 3, reverse=True)]
+        return out
+
+    want, got = track(eager, False), track(bundle, True)
+    for k, (a, b) in enumerate(zip(want, got, strict=True)):
+        assert a.shape[0] == b.shape[0] == 5
+        for o in range(5):
+            iou = mask_iou(b[o] > 0, a[o] > 0)
+            assert iou >= 0.999, f"{target} step {k} object {o}: IoU {iou:.5f}"
+    # frames 0 and 1 (forward and reverse) track the 2 and 3 objects not prompted there: one padded batched call
+    # per stage; frames 2 and 3 (forward and reverse) track all 5: 4 + 1 per stage
+    five = ["memory-attention" + BATCHED, "memory-attention", "video-decoder" + BATCHED, "video-decoder"]
+    five += ["memory-encoder" + BATCHED, "memory-encoder"]
+    assert calls[6:12] == five, calls
+    assert (calls.count("memory-attention" + BATCHED), calls.count("memory-attention")) == (8, 4), calls
 
 
 def test_card_documents_video_graphs(video_bundle):
@@ -76,10 +119,15 @@ def test_card_documents_video_graphs(video_bundle):
     video = card["extra"]["video"]
     files = {a["file"]: a["role"] for a in card["artifacts"]}
     for role, (_, ins, outs) in VIDEO_GRAPHS.items():
-        assert files[video_file(target, role)] == role
-        assert list(video["graphs"][role]["inputs"]) == list(ins)
-        assert list(video["graphs"][role]["outputs"]) == list(outs)
+        for r in (role, role + BATCHED):
+            assert files[video_file(target, r)] == r
+            assert list(video["graphs"][r]["inputs"]) == list(ins)
+            assert list(video["graphs"][r]["outputs"]) == list(outs)
     assert video["graphs"]["memory-attention"]["inputs"]["mem_feats"][0] == VIDEO_TEST_SMALL.memory_slots
+    assert video["batch"] == VIDEO_BATCH == 4
+    batched = video["graphs"]["memory-attention" + BATCHED]
+    assert batched["inputs"]["mem_feats"][0] == 4 * VIDEO_TEST_SMALL.memory_slots
+    assert batched["inputs"]["vision"][0] == 1 and batched["outputs"]["pix_feat"][0] == 4
     e = TEST_SMALL.image_embedding_size
     tokens = VIDEO_TEST_SMALL.memory_slots * e * e + VIDEO_TEST_SMALL.max_obj_ptrs * 2
     assert video["slot_layout"]["key_tokens"] == tokens
@@ -98,7 +146,7 @@ def test_litert_video_graphs_gpu_clean(video_bundle):
     card = load_card(folder)
     assert card["extra"]["gpu_clean"] is True
     gpu = card["fidelity"]["checks"]["gpu_delegate"]["files"]
-    for role in VIDEO_GRAPHS:
+    for role in (*VIDEO_GRAPHS, *(r + BATCHED for r in VIDEO_GRAPHS)):
         f = video_file("litert", role)
         lint = card["extra"]["lint"][f]
         assert lint["max_rank"] <= 4 and "banned ops = NONE" in lint["verdict"], (f, lint)
