@@ -200,7 +200,13 @@ def test_executorch_fp16_video_bundle_ships(video_checkpoint, tmp_path):
 
     out = tmp_path / "et16"
     card = run_export(
-        "executorch", "test-small", "fp16", out, checkpoint=str(video_checkpoint), video=True, options={"batch": 0}
+        "executorch",
+        "test-small",
+        "fp16",
+        out,
+        checkpoint=str(video_checkpoint),
+        video=True,
+        options={"batch": 0, "video_batch": 1},  # no batched graphs: not under test here
     )
     assert card["status"] == "shippable", card["fidelity"]["failures"]
     for name, s in card["extra"]["sizes"].items():
@@ -247,7 +253,7 @@ def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle
     from sam2edge.runtime.video.bundle import open_video_bundle
 
     out = tmp_path / "int8"
-    options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}
+    options = {"batch": 0, "video_batch": 1} | ({"gpu_check": "skip"} if target == "litert" else {})
     card = run_export(target, "test-small", "int8", out, checkpoint=str(video_checkpoint), clicks=4, video=True,
                       force=True, options=options)  # fmt: skip
     fid = card["fidelity"]["video"]
@@ -333,7 +339,7 @@ def test_large_stand_in_video_bundle_tracks_like_eager(target, tmp_path):
     sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT
     ckpt = tmp_path / "large_stand_in.pt"
     save_checkpoint(sd, "meta", ckpt)
-    options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}
+    options = {"batch": 0, "video_batch": 1} | ({"gpu_check": "skip"} if target == "litert" else {})
     card = run_export(target, "test-small-l", "fp32", tmp_path / "b", checkpoint=str(ckpt), clicks=4, video=True,
                       options=options)  # fmt: skip
     assert card["config"] == "test-small-l" and card["extra"]["video"]

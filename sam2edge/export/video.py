@@ -250,7 +250,10 @@ def prepare(job, sd: dict, rewrites) -> None:
     """Build the fp32 video model with the target's rewrites into ``job.state['video']``."""
     model = build_sam2_video(job.cfg, job.vcfg, rewrites)
     model.load_state_dict(sd, strict=True)
-    job.state["video"] = {"model": model.eval(), "sd": sd, "tokens": DEFAULT_VIDEO_TOKENS, "batch": VIDEO_BATCH}
+    batch = int(job.state.get("video_batch", VIDEO_BATCH))  # options video_batch=1: no batched video graphs
+    if batch not in (1, VIDEO_BATCH):
+        raise UserError(f"video_batch {batch}: the video graphs are exported at 1 or {VIDEO_BATCH} objects per call")
+    job.state["video"] = {"model": model.eval(), "sd": sd, "tokens": DEFAULT_VIDEO_TOKENS, "batch": batch}
 
 
 def entries(job, wrap: Callable[[nn.Module, str], nn.Module], named: bool) -> dict:
