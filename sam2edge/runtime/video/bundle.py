@@ -30,8 +30,10 @@ Objects in one batch: a bundle also carries each graph at a fixed batch of ``VID
 + ``_b4``, role + ``-batched``; card.json ``extra.video.batch``): the same inputs, per-object ones with 4x the
 rows (mem_feats [4K,...], mem_tpos / mem_valid [4,K], ptrs [4P,C], ptr_pos / ptr_valid [4,P], low_res, binarize,
 score, pix_feat, sparse_prompt, sparse_valid, mask_input, has_mask: 4 rows), shared ones (vision, feat_s0, feat_s1,
-the tables) as above. Objects run in chunks of 4 (5 objects: 4, then 1 through the single-object graph); a
-chunk of 2 or 3 is padded with copies of its last object, whose rows are dropped. A bundle without batched
+the tables) as above. Objects run in chunks of 4 (5 objects: 4, then 1 through the single-object graph); fewer
+than ``pad_from`` (default 4) objects run one per call, a chunk of at least ``pad_from`` is padded to 4 rows with
+copies of its last object, whose rows are dropped (measured at 1024 px on 2 CPU threads: a padded row costs as much
+as a real one, so by default only full chunks are batched). A bundle without batched
 graphs runs every object through the single-object graphs.
 
 The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
@@ -226,6 +228,9 @@ class BundleVideoBackend:
         self.image, self.cfg, self.vcfg, self.name = image, cfg, vcfg, f"{target}-bundle"
         self.num_tokens = int(kw.get("num_tokens") or DEFAULT_VIDEO_TOKENS)
         self.batch = int(kw.get("batch") or 1)
+        # a chunk of at least pad_from objects goes through the batched graph, padded to ``batch`` rows; smaller
+        # ones run one object per call (on CPUs a padded row costs as much as a real one: docs/video.md)
+        self.pad_from = int(kw.get("pad_from") or self.batch)
         threads = kw.get("threads")
         self.run = GraphRunners(target, folder, threads)
         self.tables = read_tables(folder, cfg.d_model)
@@ -245,11 +250,12 @@ class BundleVideoBackend:
 
     def _objects(self, role: str, given: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         """Run ``role`` for n objects: chunks of ``batch`` objects through the batched graph (a short chunk padded
-        with copies of its last object), a chunk of one through the single-object graph; outputs n rows."""
+        with copies of its last object) if it holds at least ``pad_from`` objects, else one object per call through
+        the single-object graph; outputs n rows."""
         parts, i = [], 0
         while i < n:
             m = min(self.batch, n - i)
-            rows = self.batch if m > 1 else 1
+            m, rows = (m, self.batch) if m >= max(2, self.pad_from) else (1, 1)
             feed = {}
             for name in self.inputs[role]:
                 a = given[name]
