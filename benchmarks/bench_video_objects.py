@@ -103,8 +103,8 @@ def table_record(summary: dict, args, first: int, frames: int) -> dict:
             f"{frames - 1} (every one of the 7 memory slots filled), objects = clicks on frame 0.",
             "2nd object / 1st: (t(2 objects) - t(1 object)) / t(1 object); the frame encoder runs once per frame "
             "for every subject. Each of objects 2-4, (t(4) - t(1)) / (3 t(1)): " + each + ".",
-            "Bundles run 2-4 objects as one padded call of the 4-object graphs (a padded row costs as much as a "
-            "real one), one object through the single-object graphs.",
+            "Bundles run 4 objects as one call of the 4-object graphs and fewer one object per call through the "
+            "single-object graphs (the default: a padded row costs as much as a real one).",
         ],
     }
 
