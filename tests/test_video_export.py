@@ -15,7 +15,7 @@ from sam2edge.checks.fidelity.metrics import mask_iou
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
 from sam2edge.errors import UserError
-from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, video_file
+from sam2edge.runtime.video.bundle import BATCHED, VIDEO_BATCH, VIDEO_GRAPHS, video_file
 from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from tests.video_oracles import drifting_clip
 
@@ -55,10 +55,11 @@ def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
     drifting_clip(clip, frames=5, size=(176, 144), step=11)
     eager = Sam2VideoPredictor.from_checkpoint(str(video_checkpoint), TEST_SMALL, VIDEO_TEST_SMALL)
     bundle = Sam2VideoPredictor.from_export(folder)
+    bundle.backend.pad_from = 2  # 2 or 3 objects too through the 4-object graphs, padded (default: full chunks)
     assert bundle.backend.name == f"{target}-bundle"
     assert bundle.backend.run.loaded() == ()  # each graph's runtime session is made on its first call
     want, got = _track(eager, clip), _track(bundle, clip)
-    assert sorted(bundle.backend.run.loaded()) == sorted(VIDEO_GRAPHS)
+    assert set(bundle.backend.run.loaded()) == {*VIDEO_GRAPHS, *(r + BATCHED for r in VIDEO_GRAPHS)}
     assert want.keys() == got.keys() and len(want) == 15
     fg = [float((m > 0).mean()) for m in want.values()]
     assert 0.0 < min(fg) and max(fg) < 1.0, fg
@@ -66,6 +67,50 @@ def test_bundle_tracks_like_eager(video_bundle, video_checkpoint, tmp_path):
         for o in range(ref.shape[0]):
             iou = mask_iou(got[key][o] > 0, ref[o] > 0)
             assert iou >= 0.999, f"{target} {key} object {o}: IoU {iou:.5f}"
+
+
+def test_five_objects_run_batched_like_eager(video_bundle, video_checkpoint, tmp_path):
+    """Five objects through a bundle's batched graphs: each frame that tracks all five runs 4 objects in one call of
+    each batched graph and the fifth through the single-object graphs (fewer than 4: one per call, the default);
+    per frame and object IoU >= 0.999 vs eager."""
+    target, folder, _ = video_bundle
+    clip = tmp_path / "clip"
+    drifting_clip(clip, frames=4, size=(176, 144), step=11)
+    eager = Sam2VideoPredictor.from_checkpoint(str(video_checkpoint), TEST_SMALL, VIDEO_TEST_SMALL)
+    bundle = Sam2VideoPredictor.from_export(folder)
+    calls: list[str] = []
+    runs = bundle.backend.run
+
+    class Recorded(dict):
+        def __getitem__(self, role):
+            return lambda feed: (calls.append(role), runs[role](feed))[1]
+
+    clicks = [(0, 0.6, 0.3), (0, 0.25, 0.7), (0, 0.8, 0.75), (1, 0.4, 0.4), (1, 0.7, 0.55)]
+
+    def track(pred, record: bool):
+        state = pred.init_state(video_path=str(clip))
+        w, h = state.video_width, state.video_height
+        for i, (f, x, y) in enumerate(clicks):
+            pred.add_new_points_or_box(state, f, 10 + i, points=np.array([[x * w, y * h]]), labels=np.array([1]))
+        pred.propagate_in_video_preflight(state)
+        if record:
+            bundle.backend.run = Recorded()
+        out = [m.numpy() for _, _, m in pred.propagate_in_video(state)]
+        out += [m.numpy() for _, _, m in pred.propagate_in_video(state, 3, reverse=True)]
+        return out
+
+    want, got = track(eager, False), track(bundle, True)
+    for k, (a, b) in enumerate(zip(want, got, strict=True)):
+        assert a.shape[0] == b.shape[0] == 5
+        for o in range(5):
+            iou = mask_iou(b[o] > 0, a[o] > 0)
+            assert iou >= 0.999, f"{target} step {k} object {o}: IoU {iou:.5f}"
+    # frames 0 and 1 (forward and reverse) track the 2 and 3 objects not prompted there: one call per object and
+    # stage; frames 2 and 3 (forward and reverse) track all 5: 4 + 1 per stage
+    five = ["memory-attention" + BATCHED, "memory-attention", "video-decoder" + BATCHED, "video-decoder"]
+    five += ["memory-encoder" + BATCHED, "memory-encoder"]
+    assert calls[:2] == ["memory-attention"] * 2 and calls[15:21] == five, calls
+    assert (calls.count("memory-attention" + BATCHED), calls.count("memory-attention")) == (4, 14), calls
 
 
 def test_card_documents_video_graphs(video_bundle):
@@ -76,10 +121,15 @@ def test_card_documents_video_graphs(video_bundle):
     video = card["extra"]["video"]
     files = {a["file"]: a["role"] for a in card["artifacts"]}
     for role, (_, ins, outs) in VIDEO_GRAPHS.items():
-        assert files[video_file(target, role)] == role
-        assert list(video["graphs"][role]["inputs"]) == list(ins)
-        assert list(video["graphs"][role]["outputs"]) == list(outs)
+        for r in (role, role + BATCHED):
+            assert files[video_file(target, r)] == r
+            assert list(video["graphs"][r]["inputs"]) == list(ins)
+            assert list(video["graphs"][r]["outputs"]) == list(outs)
     assert video["graphs"]["memory-attention"]["inputs"]["mem_feats"][0] == VIDEO_TEST_SMALL.memory_slots
+    assert video["batch"] == VIDEO_BATCH == 4
+    batched = video["graphs"]["memory-attention" + BATCHED]
+    assert batched["inputs"]["mem_feats"][0] == 4 * VIDEO_TEST_SMALL.memory_slots
+    assert batched["inputs"]["vision"][0] == 1 and batched["outputs"]["pix_feat"][0] == 4
     e = TEST_SMALL.image_embedding_size
     tokens = VIDEO_TEST_SMALL.memory_slots * e * e + VIDEO_TEST_SMALL.max_obj_ptrs * 2
     assert video["slot_layout"]["key_tokens"] == tokens
@@ -98,7 +148,7 @@ def test_litert_video_graphs_gpu_clean(video_bundle):
     card = load_card(folder)
     assert card["extra"]["gpu_clean"] is True
     gpu = card["fidelity"]["checks"]["gpu_delegate"]["files"]
-    for role in VIDEO_GRAPHS:
+    for role in (*VIDEO_GRAPHS, *(r + BATCHED for r in VIDEO_GRAPHS)):
         f = video_file("litert", role)
         lint = card["extra"]["lint"][f]
         assert lint["max_rank"] <= 4 and "banned ops = NONE" in lint["verdict"], (f, lint)
@@ -152,7 +202,13 @@ def test_executorch_fp16_video_bundle_ships(video_checkpoint, tmp_path):
 
     out = tmp_path / "et16"
     card = run_export(
-        "executorch", "test-small", "fp16", out, checkpoint=str(video_checkpoint), video=True, options={"batch": 0}
+        "executorch",
+        "test-small",
+        "fp16",
+        out,
+        checkpoint=str(video_checkpoint),
+        video=True,
+        options={"batch": 0, "video_batch": 1},  # no batched graphs: not under test here
     )
     assert card["status"] == "shippable", card["fidelity"]["failures"]
     for name, s in card["extra"]["sizes"].items():
@@ -199,7 +255,7 @@ def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle
     from sam2edge.runtime.video.bundle import open_video_bundle
 
     out = tmp_path / "int8"
-    options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}
+    options = {"batch": 0, "video_batch": 1} | ({"gpu_check": "skip"} if target == "litert" else {})
     card = run_export(target, "test-small", "int8", out, checkpoint=str(video_checkpoint), clicks=4, video=True,
                       force=True, options=options)  # fmt: skip
     fid = card["fidelity"]["video"]
@@ -285,7 +341,7 @@ def test_large_stand_in_video_bundle_tracks_like_eager(target, tmp_path):
     sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += OBJ_SCORE_LIFT
     ckpt = tmp_path / "large_stand_in.pt"
     save_checkpoint(sd, "meta", ckpt)
-    options = {"batch": 0, "gpu_check": "skip"} if target == "litert" else {"batch": 0}
+    options = {"batch": 0, "video_batch": 1} | ({"gpu_check": "skip"} if target == "litert" else {})
     card = run_export(target, "test-small-l", "fp32", tmp_path / "b", checkpoint=str(ckpt), clicks=4, video=True,
                       options=options)  # fmt: skip
     assert card["config"] == "test-small-l" and card["extra"]["video"]

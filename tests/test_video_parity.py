@@ -87,12 +87,13 @@ def _compare(ours, theirs) -> list[tuple[str, int, int, float, float]]:
 
 
 def _capture(module: torch.nn.Module, seq_first: bool) -> list[torch.Tensor]:
-    """Record every output of ``module`` as (tokens, channels) / flattened features, in call order."""
+    """Record every output of ``module`` as (tokens, channels) / flattened features, one per object, in call
+    order (a batched call of B objects records B entries, as B single-object calls would)."""
     seen: list[torch.Tensor] = []
 
     def hook(_m, _args, out):
         out = out["vision_features"] if isinstance(out, dict) else out
-        seen.append((out.transpose(0, 1) if seq_first else out).detach().flatten().clone())
+        seen.extend(row.detach().flatten().clone() for row in (out.transpose(0, 1) if seq_first else out))
 
     module.register_forward_hook(hook)
     return seen

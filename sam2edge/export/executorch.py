@@ -228,9 +228,10 @@ OUTSIDE_WHY = {
 
 def outside_why(census: dict) -> dict[str, dict[str, str]]:
     """Program -> operator outside the delegate -> why, for the video programs and the batched decoder."""
-    from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
+    from sam2edge.runtime.video.bundle import VIDEO_BATCH, VIDEO_GRAPHS
 
-    stems = {stem for stem, _, _ in VIDEO_GRAPHS.values()} | {BATCHED_DECODER_FILE.split(".")[0]}
+    stems = {stem + b for stem, _, _ in VIDEO_GRAPHS.values() for b in ("", f"_b{VIDEO_BATCH}")}
+    stems |= {BATCHED_DECODER_FILE.split(".")[0]}
     unknown = "not claimed by XnnpackPartitioner (reason not investigated)"
     return {
         f: {op: OUTSIDE_WHY.get(op, unknown) for op in c["outside_delegate"]}

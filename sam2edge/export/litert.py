@@ -68,7 +68,7 @@ from sam2edge.runtime.backends.litert import (
     write_tables,
 )
 from sam2edge.runtime.prompts import prompt_tables
-from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
+from sam2edge.runtime.video.bundle import outputs
 
 FIDELITY_CLICKS = MIN_CLICKS
 REWRITE_CLICKS = 8  # prompts of the eager-rewrite-vs-upstream comparison (a record, not a bar)
@@ -380,5 +380,5 @@ SPEC = TargetSpec(
     tables=lambda job: write_tables(prompt_tables(job.model), job.folder),
     lint=_lint,
     checks=POST_EXPORT_CHECKS,
-    video=lambda job: vid.entries(job, lambda m, role: NamedOutputs(m, VIDEO_GRAPHS[role][2]), named=True),
+    video=lambda job: vid.entries(job, lambda m, role: NamedOutputs(m, outputs(role)), named=True),
 )

@@ -41,7 +41,7 @@ from sam2edge.model import Rewrites, Sam2ImageModel
 from sam2edge.runtime.backends import onnx as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
-from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, graph_io
+from sam2edge.runtime.video.bundle import BATCHED, VIDEO_GRAPHS, graph_io
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask
@@ -96,6 +96,7 @@ IO = {
     ),
     "decoder-batched": (ob.BATCHED_INPUTS, ob.DECODER_OUTPUTS, {}),  # B and N fixed at export
     **{role: (ins, outs, {}) for role, (_, ins, outs) in VIDEO_GRAPHS.items()},
+    **{role + BATCHED: (ins, outs, {}) for role, (_, ins, outs) in VIDEO_GRAPHS.items()},  # B fixed (VIDEO_BATCH)
 }
 WORK = ".work"  # raw and optimised graphs, kept until the optimisation check
 
@@ -260,7 +261,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     work = job.folder / WORK
     work.mkdir(exist_ok=True)
     names_in, names_out, dynamic = IO[role]
-    if role in VIDEO_GRAPHS:  # a video config's own inputs (EdgeTAM's memory attention: runtime.video.bundle)
+    if role.removesuffix(BATCHED) in VIDEO_GRAPHS:  # a video config's own inputs (runtime.video.bundle.graph_io)
         names_in = graph_io(role, job.vcfg)[1]
     raw, opt = work / f"raw_{role}.onnx", work / f"opt_{role}.onnx"
     with warnings.catch_warnings(), torch.no_grad():
@@ -278,7 +279,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
         )
     job.state.setdefault("census", {})[role] = optimize(raw, opt)
     props = metadata(job.cfg, job.precision, job.source, role)
-    if role in VIDEO_GRAPHS:  # card.json extra.video lists every tensor's shape
+    if role.removesuffix(BATCHED) in VIDEO_GRAPHS:  # card.json extra.video lists every tensor's shape
         props["outputs"] = ", ".join(names_out)
     final = opt
     if job.precision == "int8" and role == "encoder":  # export.onnx_int8: the portable and the VNNI file

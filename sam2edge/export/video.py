@@ -35,14 +35,17 @@ from sam2edge.runtime.backends.litert import TABLE_FILES, write_tables
 from sam2edge.runtime.prompts import prompt_tables
 from sam2edge.runtime.video.backend import EagerVideoBackend
 from sam2edge.runtime.video.bundle import (
+    BATCHED,
     CONST_FILE,
     DEFAULT_VIDEO_TOKENS,
     LATENTS_FILE,
     ROPE_FILE,
+    VIDEO_BATCH,
     VIDEO_GRAPHS,
     BundleVideoBackend,
     const_layout,
     graph_io,
+    outputs,
     video_file,
 )
 
@@ -53,6 +56,9 @@ GRAPH_SET_VIDEO: dict[str, str] = {
     "memory-encoder": "vision + low-res mask logits, binarize, object score -> memory 1xMxexe",
     "video-decoder": "pix_feat + feats + T prompt tokens + mask input -> 4 masks, iou, object score, pointers",
 }
+GRAPH_SET_VIDEO.update(
+    {role + BATCHED: f"{what}; {VIDEO_BATCH} objects per call (padded rows)" for role, what in GRAPH_SET_VIDEO.items()}
+)
 
 
 class MemoryAttentionGraph(nn.Module):
@@ -86,7 +92,7 @@ class MemoryEncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, vision, low_res, binarize, score):
-        return self.model.encode_memory(vision, low_res, binarize, score)
+        return self.model.encode_memory(rows(vision, low_res.shape[0]), low_res, binarize, score)
 
 
 class TokenMemoryEncoderGraph(nn.Module):
@@ -97,6 +103,7 @@ class TokenMemoryEncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, vision, low_res, binarize, latents):
+        vision = rows(vision, low_res.shape[0])
         return self.model.encode_memory(vision, low_res, binarize, binarize, latents)  # the score is not read
 
 
@@ -109,9 +116,17 @@ class VideoDecoderGraph(nn.Module):
 
     def forward(self, pix_feat, feat_s0, feat_s1, sparse_prompt, sparse_valid, mask_input, has_mask):
         pe = self.model.sam_prompt_encoder
-        has = has_mask.reshape(1, 1, 1, 1)
-        dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense  # (1, C, e, e)
-        return self.model.decode_video(pix_feat, feat_s0, feat_s1, sparse_prompt, dense, sparse_valid)
+        b = pix_feat.shape[0]  # objects: B = 1, or VIDEO_BATCH rows sharing the frame's feat_s0 / feat_s1
+        has = has_mask.reshape(b, 1, 1, 1)
+        dense = has * pe.embed_mask(mask_input) + (1.0 - has) * pe.no_mask_dense  # (B, C, e, e)
+        s0, s1 = rows(feat_s0, b), rows(feat_s1, b)
+        return self.model.decode_video(pix_feat, s0, s1, sparse_prompt, dense, sparse_valid)
+
+
+def rows(x: torch.Tensor, b: int) -> torch.Tensor:
+    """x (1, ...) -> (b, ...): the frame's features once per object, by concatenation (a converter folds it;
+    GPU delegates reject BROADCAST_TO); b = 1: x itself (the single-object graphs are unchanged)."""
+    return torch.cat([x] * b) if b > x.shape[0] else x
 
 
 MODULES: dict[str, type[nn.Module]] = {
@@ -121,13 +136,16 @@ MODULES: dict[str, type[nn.Module]] = {
 }
 
 
-def modules(vcfg: Sam2VideoConfig) -> dict[str, type[nn.Module]]:
-    """role -> graph module for a video config (EdgeTAM's take ``graph_io``'s inputs)."""
+def modules(vcfg: Sam2VideoConfig, batched: bool = False) -> dict[str, type[nn.Module]]:
+    """role -> graph module for a video config (EdgeTAM's take ``graph_io``'s inputs); ``batched``: also the
+    roles + ``BATCHED`` (the same modules: every batched shape follows from the inputs' rows)."""
     if all(graph_io(r, vcfg)[1] == VIDEO_GRAPHS[r][1] for r in VIDEO_GRAPHS):
-        return MODULES
-    if vcfg.ptr_tpos_enc or not vcfg.cross_rope_k_grid or vcfg.no_obj_embed_spatial:
+        out = MODULES
+    elif vcfg.ptr_tpos_enc or not vcfg.cross_rope_k_grid or vcfg.no_obj_embed_spatial:
         raise ValueError("no video graphs for this video config's inputs")
-    return {**MODULES, "memory-attention": TokenMemoryAttentionGraph, "memory-encoder": TokenMemoryEncoderGraph}
+    else:
+        out = {**MODULES, "memory-attention": TokenMemoryAttentionGraph, "memory-encoder": TokenMemoryEncoderGraph}
+    return {**out, **{role + BATCHED: cls for role, cls in out.items()}} if batched else out
 
 
 class HalfGraph(nn.Module):
@@ -152,26 +170,36 @@ def perceiver_latents(model: Sam2VideoModel) -> torch.Tensor:
 
 
 def samples(
-    cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int, model: Sam2VideoModel | None = None
+    cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int, model: Sam2VideoModel | None = None, batch: int = 1
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """role -> named tracing inputs, in call order (half the slots valid); ``model`` gives the RoPE tables."""
+    """role -> named tracing inputs, in call order (half the slots valid); ``model`` gives the RoPE tables;
+    ``batch`` > 1: also the roles + ``BATCHED``, per-object inputs with ``batch`` rows (blocks) of objects."""
+    out = _samples(cfg, vcfg, tokens, model or build_sam2_video(cfg, vcfg), 1)
+    if batch > 1:
+        out.update({role + BATCHED: s for role, s in _samples(cfg, vcfg, tokens, model, batch).items()})
+    return out
+
+
+def _samples(cfg: Sam2Config, vcfg: Sam2VideoConfig, tokens: int, model: Sam2VideoModel, b: int) -> dict:
     c, e, k, p = cfg.d_model, cfg.image_embedding_size, vcfg.memory_slots, vcfg.max_obj_ptrs
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
         return torch.randn(*shape, generator=g)
 
+    def per_object(row: torch.Tensor) -> torch.Tensor:  # (1, n) -> (b, n)
+        return torch.cat([row] * b)
+
     half = (torch.arange(k) < (k + 1) // 2).float().reshape(1, k)
-    model = model or build_sam2_video(cfg, vcfg)
     rope = model.memory_attention.tables()  # (HW, C) each [+ (N, C) each]
     attention = {
         "vision": r(1, c, e, e),
-        "mem_feats": r(k, *vcfg.memory_frame_shape(e)),
-        "mem_tpos": torch.arange(k, dtype=torch.float32).reshape(1, k) % vcfg.num_maskmem,
-        "mem_valid": half,
-        "ptrs": r(p, c),
-        "ptr_pos": torch.linspace(-1, 1, p).reshape(1, p),
-        "ptr_valid": (torch.arange(p) < p // 2).float().reshape(1, p),
+        "mem_feats": r(b * k, *vcfg.memory_frame_shape(e)),
+        "mem_tpos": per_object(torch.arange(k, dtype=torch.float32).reshape(1, k) % vcfg.num_maskmem),
+        "mem_valid": per_object(half),
+        "ptrs": r(b * p, c),
+        "ptr_pos": per_object(torch.linspace(-1, 1, p).reshape(1, p)),
+        "ptr_valid": per_object((torch.arange(p) < p // 2).float().reshape(1, p)),
         **{n: t.clone() for n, t in zip(("rope_cos", "rope_sin", "rope_cos_k", "rope_sin_k"), rope)},
     }
     return {
@@ -180,21 +208,21 @@ def samples(
             n: t
             for n, t in (
                 ("vision", r(1, c, e, e)),
-                ("low_res", r(1, 1, 4 * e, 4 * e) * 4),
-                ("binarize", torch.ones(1, 1)),
-                ("score", torch.ones(1, 1)),
+                ("low_res", r(b, 1, 4 * e, 4 * e) * 4),
+                ("binarize", torch.ones(b, 1)),
+                ("score", torch.ones(b, 1)),
                 ("latents", model.spatial_perceiver and perceiver_latents(model)),
             )
             if n in graph_io("memory-encoder", vcfg)[1]
         },
         "video-decoder": {
-            "pix_feat": r(1, c, e, e),
+            "pix_feat": r(b, c, e, e),
             "feat_s0": r(1, c // 8, 4 * e, 4 * e),
             "feat_s1": r(1, c // 4, 2 * e, 2 * e),
-            "sparse_prompt": r(1, tokens, c),
-            "sparse_valid": (torch.arange(tokens) < 3).float().reshape(1, tokens),
-            "mask_input": r(1, 1, 4 * e, 4 * e),
-            "has_mask": torch.ones(1, 1),
+            "sparse_prompt": r(b, tokens, c),
+            "sparse_valid": per_object((torch.arange(tokens) < 3).float().reshape(1, tokens)),
+            "mask_input": r(b, 1, 4 * e, 4 * e),
+            "has_mask": torch.ones(b, 1),
         },
     }
 
@@ -222,15 +250,18 @@ def prepare(job, sd: dict, rewrites) -> None:
     """Build the fp32 video model with the target's rewrites into ``job.state['video']``."""
     model = build_sam2_video(job.cfg, job.vcfg, rewrites)
     model.load_state_dict(sd, strict=True)
-    job.state["video"] = {"model": model.eval(), "sd": sd, "tokens": DEFAULT_VIDEO_TOKENS}
+    batch = int(job.state.get("video_batch", VIDEO_BATCH))  # options video_batch=1: no batched video graphs
+    if batch not in (1, VIDEO_BATCH):
+        raise UserError(f"video_batch {batch}: the video graphs are exported at 1 or {VIDEO_BATCH} objects per call")
+    job.state["video"] = {"model": model.eval(), "sd": sd, "tokens": DEFAULT_VIDEO_TOKENS, "batch": batch}
 
 
 def entries(job, wrap: Callable[[nn.Module, str], nn.Module], named: bool) -> dict:
     """file -> (role, wrapped module, sample) for the three video graphs of ``job.target``."""
     v = job.state["video"]
-    sample = samples(job.cfg, job.vcfg, v["tokens"], v["model"])
+    sample = samples(job.cfg, job.vcfg, v["tokens"], v["model"], v["batch"])
     out = {}
-    for role, cls in modules(job.vcfg).items():
+    for role, cls in modules(job.vcfg, v["batch"] > 1).items():
         s = sample[role]
         out[video_file(job.target.name, role)] = (role, wrap(cls(v["model"]), role), s if named else tuple(s.values()))
     return out
@@ -274,19 +305,20 @@ def extra(job) -> dict:
     e, n = cfg.image_embedding_size, cfg.d_model // vcfg.mem_dim
     frame_tokens = vcfg.memory_tokens or e * e
     graphs = {}
-    graph_modules = modules(vcfg)
-    for role, named in samples(cfg, vcfg, v["tokens"], v["model"]).items():
+    graph_modules = modules(vcfg, v["batch"] > 1)
+    for role, named in samples(cfg, vcfg, v["tokens"], v["model"], v["batch"]).items():
         outs = graph_modules[role](v["model"])(*named.values())
         outs = (outs,) if isinstance(outs, torch.Tensor) else outs
         graphs[role] = {
             "file": video_file(job.target.name, role),
             "computes": GRAPH_SET_VIDEO[role],
             "inputs": _shapes(named),
-            "outputs": {k: list(o.shape) for k, o in zip(VIDEO_GRAPHS[role][2], outs)},
+            "outputs": {k: list(o.shape) for k, o in zip(outputs(role), outs)},
         }
     return {
         "config": dataclasses.asdict(vcfg),
         "num_tokens": v["tokens"],
+        "batch": v["batch"],  # objects per call of the graphs with role + "-batched" (1: none)
         "graphs": graphs,
         "slot_layout": {
             "memory_slots": vcfg.memory_slots,
@@ -315,5 +347,6 @@ def measure(job, image_backend, bars: dict | None = None) -> dict:
     if "video_clip" not in job.measured:
         ref = EagerVideoBackend.from_state_dict(v["sd"], job.cfg, job.vcfg, UPSTREAM)
         job.measured["video_clip"] = run_clip(ref, clip())
-    test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, num_tokens=v["tokens"])
+    kw = {"num_tokens": v["tokens"], "batch": v["batch"]}  # the clip's two objects run through the batched graphs
+    test = BundleVideoBackend(image_backend, job.target.name, job.folder, job.cfg, job.vcfg, **kw)
     return measure_video(None, test, job.precision, bars=bars, want=job.measured["video_clip"])

@@ -168,8 +168,8 @@ class PerceiverResampler(nn.Module):
         """x (B, e*e, M), latents (L, M) -> (B, L, M): every global latent reads the whole memory."""
         B = x.shape[0]
         lat = latents.unsqueeze(0)  # (1, L, M)
-        if B > 1:
-            lat = lat.expand(B, -1, -1)
+        if B > 1:  # B copies by concatenation (GPU delegates reject BROADCAST_TO)
+            lat = torch.cat([lat] * B)
         for layer in self.layers:
             lat = layer(lat, x, self.key_pos)
         return lat
@@ -181,8 +181,8 @@ class PerceiverResampler(nn.Module):
         n = self.grid * self.grid
         x = windows(tokens, self.grid)  # (B*G*G, w*w, M)
         lat = latents.unsqueeze(0)  # (1, G*G, M)
-        if B > 1:
-            lat = lat.expand(B, -1, -1)
+        if B > 1:  # B copies by concatenation (GPU delegates reject BROADCAST_TO)
+            lat = torch.cat([lat] * B)
         lat = lat.reshape(B * n, 1, M)  # (B*G*G, 1, M): one query per window
         for layer in self.layers:
             lat = layer(lat, x)

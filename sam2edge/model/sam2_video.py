@@ -1,19 +1,20 @@
 """The SAM 2.1 video path: the image model plus the memory path, as fixed-shape per-frame stages.
 
 Parameter names equal upstream ``SAM2Base``'s, so Meta's checkpoint maps by identity.
-Shapes (B = 1 object per call, S = image_size, e = S/16, HW = e*e, C = d_model, M = mem_dim,
+Shapes (B objects per call, one frame; S = image_size, e = S/16, HW = e*e, C = d_model, M = mem_dim,
 K = memory_slots, P = max_obj_ptrs, T = num_maskmem):
 
   encode_frame:     image (1, 3, S, S) -> vision (1, C, e, e) (raw FPN level 2), feat_s0, feat_s1
   no_memory:        vision -> pix_feat = vision + no_mem_embed (a frame conditioned on prompts only)
-  memory_attention: vision, mem_feats (K, M, e, e), mem_tpos (1, K) index into maskmem_tpos_enc,
-                    mem_valid (1, K), ptrs (P, C), ptr_pos (1, P) signed t / t_max, ptr_valid (1, P)
-                    -> pix_feat (1, C, e, e); invalid slots (0.0) change nothing
-  decode:           pix_feat, feat_s0, feat_s1, prompt tokens, dense -> masks (1, 4, 4e, 4e),
-                    iou (1, 4), object score logit (1, 1), object pointers (1, 4, C) (one per mask
-                    token, the no-object pointer already mixed in where the score is <= 0)
-  encode_memory:    vision, low-res logits (1, 1, 4e, 4e), binarize (1, 1), score (1, 1) -> (1, M, e, e), or
-                    with EdgeTAM's perceiver (1, L + G*G, M) tokens (then mem_feats is (K, L + G*G, M))
+  memory_attention: vision (1, C, e, e), mem_feats (B*K, M, e, e), mem_tpos (B, K) index into
+                    maskmem_tpos_enc, mem_valid (B, K), ptrs (B*P, C), ptr_pos (B, P) signed t / t_max,
+                    ptr_valid (B, P) -> pix_feat (B, C, e, e); invalid slots (0.0) change nothing
+  decode:           pix_feat (B, C, e, e), feat_s0, feat_s1 (1 row), prompt tokens (B, N, C), dense
+                    -> masks (B, 4, 4e, 4e), iou (B, 4), object score logit (B, 1), object pointers (B, 4, C)
+                    (one per mask token, the no-object pointer already mixed in where the score is <= 0)
+  encode_memory:    vision (1, C, e, e), low-res logits (B, 1, 4e, 4e), binarize (B, 1), score (B, 1)
+                    -> (B, M, e, e), or with EdgeTAM's perceiver (B, L + G*G, M) tokens (then mem_feats is
+                    (B*K, L + G*G, M))
   downsample_mask:  binary mask (1, 1, S, S) -> (1, 1, 4e, 4e) (a mask prompt's decoder input)
 """
 
@@ -102,29 +103,31 @@ class Sam2VideoModel(Sam2ImageModel):
     def _memory_tokens(
         self, mem_feats: torch.Tensor, mem_tpos: torch.Tensor, ptrs: torch.Tensor, ptr_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Memory tokens and their position encodings, both (1, K*N + P*C/M, M), slot-major (N = HW, or the
-        perceiver's L + G*G tokens of a memory frame)."""
-        K, P, C = mem_feats.shape[0], ptrs.shape[0], ptrs.shape[1]
+        """Memory tokens and their position encodings, both (B, K*N + P*C/M, M), slot-major per object (N = HW,
+        or the perceiver's L + G*G tokens of a memory frame); B = mem_tpos.shape[0] objects, object b's slots
+        are rows b*K .. b*K + K - 1 of mem_feats and b*P .. b*P + P - 1 of ptrs."""
+        B, K = mem_tpos.shape
+        P, C = ptrs.shape[0] // B, ptrs.shape[1]
         M, T = self.vcfg.mem_dim, self.vcfg.num_maskmem
         if self.spatial_perceiver is None:
-            spatial = mem_feats.reshape(K, M, -1).transpose(1, 2)  # (K, HW, M)
+            spatial = mem_feats.reshape(B * K, M, -1).transpose(1, 2)  # (B*K, HW, M)
         else:
-            spatial = mem_feats  # (K, L + G*G, M): already tokens
+            spatial = mem_feats  # (B*K, L + G*G, M): already tokens
         N = spatial.shape[1]
         idx = self.tpos_index.to(mem_tpos.dtype).reshape(1, T)
-        onehot = torch.relu(1.0 - (mem_tpos.reshape(K, 1) - idx).abs())  # (K, T): exact for integer t_pos
-        tpos = onehot @ self.maskmem_tpos_enc.reshape(T, M)  # (K, M)
-        spatial_pos = self.mem_pos + tpos.reshape(K, 1, M)  # (K, N, M)
+        onehot = torch.relu(1.0 - (mem_tpos.reshape(B * K, 1) - idx).abs())  # (B*K, T): exact for integer t_pos
+        tpos = onehot @ self.maskmem_tpos_enc.reshape(T, M)  # (B*K, M)
+        spatial_pos = self.mem_pos + tpos.reshape(B * K, 1, M)  # (B*K, N, M)
         n = C // M  # tokens per pointer
-        ptr_tokens = ptrs.reshape(1, P * n, M)  # (1, P*n, M): pointer p's n tokens contiguous
+        ptr_tokens = ptrs.reshape(B, P * n, M)  # (B, P*n, M): pointer p's n tokens contiguous
         if self.vcfg.ptr_tpos_enc:
-            ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(P), C, self.ptr_freqs))  # (P, M)
-            ptr_pe = repeat_rows(ptr_pe.reshape(1, P * M), n).reshape(n, P, M).transpose(0, 1)  # (P, n, M)
-            ptr_pe = ptr_pe.reshape(1, P * n, M)  # pointer p's n tokens contiguous
+            ptr_pe = self.obj_ptr_tpos_proj(sine_1d(ptr_pos.reshape(B * P), C, self.ptr_freqs))  # (B*P, M)
+            ptr_pe = repeat_rows(ptr_pe.reshape(1, B * P * M), n).reshape(n, B * P, M).transpose(0, 1)  # (B*P, n, M)
+            ptr_pe = ptr_pe.reshape(B, P * n, M)  # pointer p's n tokens contiguous
         else:  # upstream add_tpos_enc_to_obj_ptrs=False: pointers carry a zero position (ptr_pos is unused)
             ptr_pe = torch.zeros_like(ptr_tokens)
-        memory = torch.cat([spatial.reshape(1, K * N, M), ptr_tokens], dim=1)
-        memory_pos = torch.cat([spatial_pos.reshape(1, K * N, M), ptr_pe], dim=1)
+        memory = torch.cat([spatial.reshape(B, K * N, M), ptr_tokens], dim=1)
+        memory_pos = torch.cat([spatial_pos.reshape(B, K * N, M), ptr_pe], dim=1)
         return memory, memory_pos
 
     def memory_attention_step(
@@ -138,19 +141,25 @@ class Sam2VideoModel(Sam2ImageModel):
         ptr_valid: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
-        """The current frame's features conditioned on the memory bank: -> pix_feat (1, C, e, e).
+        """The current frame's features conditioned on each object's memory bank: -> pix_feat (B, C, e, e).
+
+        B objects = mem_tpos.shape[0] (each its own slots and validity; see ``_memory_tokens``); vision
+        (1, C, e, e) is the frame every object shares, or (B, C, e, e). B = 1 is the single-object layout.
         ``rope``: ``MemoryAttention.tables()`` given as inputs (exported graphs)."""
-        _, C, e, _ = vision.shape
-        K, P, HW = mem_feats.shape[0], ptrs.shape[0], e * e
+        Bv, C, e, _ = vision.shape
+        B, K = mem_tpos.shape
+        P, HW = ptrs.shape[0] // B, e * e
         N = HW if self.spatial_perceiver is None else mem_feats.shape[1]  # tokens per memory frame
         n = C // self.vcfg.mem_dim
         memory, memory_pos = self._memory_tokens(mem_feats, mem_tpos, ptrs, ptr_pos)
-        mem_bias = repeat_cols(mem_valid.reshape(K, 1), N).reshape(1, K * N)  # (1, K*N)
-        ptr_bias = repeat_cols(ptr_valid.reshape(P, 1), n).reshape(1, P * n)  # (1, P*n)
-        key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (1, Nk): 0 or -1e4
-        curr = vision.reshape(1, C, HW).transpose(1, 2)  # (1, HW, C)
-        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (1, HW, C)
-        return out.transpose(1, 2).reshape(1, C, e, e)
+        mem_bias = repeat_cols(mem_valid.reshape(B * K, 1), N).reshape(B, K * N)  # (B, K*N)
+        ptr_bias = repeat_cols(ptr_valid.reshape(B * P, 1), n).reshape(B, P * n)  # (B, P*n)
+        key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (B, Nk): 0 or -1e4
+        curr = vision.reshape(Bv, C, HW).transpose(1, 2)  # (Bv, HW, C)
+        if Bv < B:  # one frame for B objects: B copies by concatenation (no BROADCAST_TO in a graph)
+            curr = torch.cat([curr] * B)  # (B, HW, C)
+        out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (B, HW, C)
+        return out.transpose(1, 2).reshape(B, C, e, e)
 
     def decode_video(
         self,

@@ -69,15 +69,16 @@ VIDEO_FLAGS = ("mem_valid", "ptr_valid", "sparse_valid", "binarize", "has_mask")
 def _video_input(name: str, shape: list[int], run: int, rng) -> np.ndarray:
     """One input of a video graph in run 0 (half the slots filled, flags 1) or run 1 (all filled, flags 0)."""
     n = int(np.prod(shape[1:])) if shape else 1
+    rows = lambda x: np.ascontiguousarray(np.broadcast_to(x.reshape(1, *shape[1:]), shape))  # noqa: E731 - per object
     if name in ("mem_valid", "ptr_valid", "sparse_valid"):
         filled = n if run else max(1, n // 2)
-        return (np.arange(n) < filled).astype(np.float32).reshape(shape)
+        return rows((np.arange(n) < filled).astype(np.float32))
     if name in ("binarize", "has_mask"):
         return np.full(shape, 0.0 if run else 1.0, np.float32)
     if name == "mem_tpos":
-        return (np.arange(n) % 7).astype(np.float32).reshape(shape)
+        return rows((np.arange(n) % 7).astype(np.float32))
     if name == "ptr_pos":
-        return np.linspace(-1, 1, n, dtype=np.float32).reshape(shape)
+        return rows(np.linspace(-1, 1, n, dtype=np.float32))
     if name in ("rope_cos", "rope_sin"):  # the memory attention's RoPE tables, as the host feeds them
         from sam2edge.model.memory_attention import rope_tables
 

@@ -1,15 +1,17 @@
 """Video backends: the per-frame graphs of tracking, called on numpy arrays.
 
 A backend supplies six calls (shapes: S = image_size, e = S/16, C = d_model, M = mem_dim,
-K = memory slots, P = object-pointer slots); the host (``memory_bank``, ``video_predictor``) does
-everything else (frame selection, object bookkeeping, mask selection) in numpy:
+K = memory slots, P = object-pointer slots, B objects of one frame, ``runtime.video.batch``); the host
+(``memory_bank``, ``video_predictor``) does everything else (frame selection, object bookkeeping, mask
+selection) in numpy:
 
   encode_frame(image 1x3xSxS)                        -> FrameFeatures(vision 1xCxexe, feat_s0, feat_s1)
   no_memory(vision)                                  -> pix_feat 1xCxexe (vision + no_mem_embed)
-  memory_attention(vision, MemoryInputs)             -> pix_feat 1xCxexe
-  decode(pix_feat, feats, coords 1xNx2, labels 1xN, mask_input 1x1x4ex4e | None)
-                                                     -> VideoDecoded (all four mask tokens)
-  encode_memory(vision, low_res 1x1x4ex4e, binarize, score 1x1) -> memory 1xMxexe (EdgeTAM: 1xNxM tokens)
+  memory_attention(vision, MemoryInputs of B objects) -> pix_feat BxCxexe
+  decode(pix_feat Bx.., feats, coords BxNx2, labels BxN, mask_input Bx1x4ex4e | None)
+                                                     -> VideoDecoded of B rows (all four mask tokens)
+  encode_memory(vision, low_res Bx1x4ex4e, binarize (every row), score Bx1)
+                                                     -> memory BxMxexe (EdgeTAM: BxNxM tokens)
   downsample_mask(mask 1x1xSxS)                      -> 1x1x4ex4e
 
 plus the constant ``no_obj_ptr`` (1xC). ``EagerVideoBackend`` runs the PyTorch model in fp32; exported
@@ -38,20 +40,20 @@ class FrameFeatures:
 
 @dataclass
 class MemoryInputs:
-    mem_feats: np.ndarray  # KxMxexe spatial memories (EdgeTAM: KxNxM perceiver tokens), slot-major, empty: zeros
-    mem_tpos: np.ndarray  # 1xK index into maskmem_tpos_enc (num_maskmem - t_pos - 1)
-    mem_valid: np.ndarray  # 1xK 1.0 filled / 0.0 empty
-    ptrs: np.ndarray  # PxC object pointers (empty slots: zeros)
-    ptr_pos: np.ndarray  # 1xP signed temporal distance / t_max
-    ptr_valid: np.ndarray  # 1xP 1.0 filled / 0.0 empty
+    mem_feats: np.ndarray  # (B*K)xMxexe spatial memories (EdgeTAM: (B*K)xNxM tokens), slot-major, empty: zeros
+    mem_tpos: np.ndarray  # BxK index into maskmem_tpos_enc (num_maskmem - t_pos - 1)
+    mem_valid: np.ndarray  # BxK 1.0 filled / 0.0 empty
+    ptrs: np.ndarray  # (B*P)xC object pointers (empty slots: zeros)
+    ptr_pos: np.ndarray  # BxP signed temporal distance / t_max
+    ptr_valid: np.ndarray  # BxP 1.0 filled / 0.0 empty
 
 
 @dataclass
 class VideoDecoded:
-    masks: np.ndarray  # 1x4x4ex4e logits of every mask token (token 0 = single-mask output)
-    iou: np.ndarray  # 1x4
-    score: np.ndarray  # 1x1 object-score logit
-    ptrs: np.ndarray  # 1x4xC object pointer per mask token, no-object pointer mixed in where score <= 0
+    masks: np.ndarray  # Bx4x4ex4e logits of every mask token (token 0 = single-mask output)
+    iou: np.ndarray  # Bx4
+    score: np.ndarray  # Bx1 object-score logit
+    ptrs: np.ndarray  # Bx4xC object pointer per mask token, no-object pointer mixed in where score <= 0
 
 
 class VideoBackend(Protocol):
@@ -134,7 +136,7 @@ class EagerVideoBackend:
 
     @torch.no_grad()
     def encode_memory(self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray) -> np.ndarray:
-        b = torch.full((1, 1), 1.0 if binarize else 0.0)
+        b = torch.full((low_res.shape[0], 1), 1.0 if binarize else 0.0)
         return self.model.encode_memory(_t(vision), _t(low_res), b, _t(score)).numpy()
 
     @torch.no_grad()

@@ -26,6 +26,16 @@ frame tables in rope_tables.bin; memory_encoder takes no score but the perceiver
 (``perceiver_latents.bin``, float32 LE; an input, not constants: see ``PerceiverResampler.forward``) and returns
 memory [1,N,M] (``graph_io``).
 
+Objects in one batch: a bundle also carries each graph at a fixed batch of ``VIDEO_BATCH`` = 4 objects (file stem
++ ``_b4``, role + ``-batched``; card.json ``extra.video.batch``): the same inputs, per-object ones with 4x the
+rows (mem_feats [4K,...], mem_tpos / mem_valid [4,K], ptrs [4P,C], ptr_pos / ptr_valid [4,P], low_res, binarize,
+score, pix_feat, sparse_prompt, sparse_valid, mask_input, has_mask: 4 rows), shared ones (vision, feat_s0, feat_s1,
+the tables) as above. Objects run in chunks of 4 (5 objects: 4, then 1 through the single-object graph); fewer
+than ``pad_from`` (default 4) objects run one per call, a chunk of at least ``pad_from`` is padded to 4 rows with
+copies of its last object, whose rows are dropped (measured at 1024 px on 2 CPU threads: a padded row costs as much
+as a real one, so by default only full chunks are batched). A bundle without batched
+graphs runs every object through the single-object graphs.
+
 The frame encoder is the bundle's image encoder (its output has no_mem_embed added; the host subtracts it).
 One runner per target (``RUNNERS``) wraps that target's own session code; the memory bank, frame
 selection and object bookkeeping stay in ``video_predictor`` / ``memory_bank``.
@@ -60,6 +70,12 @@ VIDEO_GRAPHS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ),
 }
 EXTENSIONS = {"litert": ".tflite", "onnx": ".onnx", "executorch": ".pte"}
+VIDEO_BATCH = 4  # objects per call of the batched video graphs
+BATCHED = "-batched"  # role suffix of a video graph at VIDEO_BATCH objects (file stem suffix: _b4)
+# inputs every object of a frame shares (one row in every graph); all other inputs have one row block per object
+SHARED_INPUTS = frozenset(
+    {"vision", "feat_s0", "feat_s1", "rope_cos", "rope_sin", "rope_cos_k", "rope_sin_k", "latents"}
+)
 CONST_FILE = "video_const.bin"
 ROPE_FILE = "rope_tables.bin"  # float32 LE: RoPE cos [HW, C] | sin [HW, C], memory_attention's last two inputs
 LATENTS_FILE = "perceiver_latents.bin"  # float32 LE: EdgeTAM's perceiver latents [N, M], memory_encoder's input
@@ -71,7 +87,8 @@ def graph_io(role: str, vcfg: Sam2VideoConfig) -> tuple[str, tuple[str, ...], tu
     """``VIDEO_GRAPHS[role]`` for a video config: EdgeTAM's memory attention drops ``ptr_pos`` (no pointer
     temporal encoding) and adds the per-slot key tables (RoPEAttentionv2); its memory encoder drops ``score``
     (no no-object embedding)."""
-    stem, ins, outs = VIDEO_GRAPHS[role]
+    stem, ins, outs = VIDEO_GRAPHS[role.removesuffix(BATCHED)]
+    role = role.removesuffix(BATCHED)
     if role == "memory-encoder" and not vcfg.no_obj_embed_spatial:
         ins = tuple(n for n in ins if n != "score")
     if role == "memory-encoder" and vcfg.memory_tokens:
@@ -83,7 +100,14 @@ def graph_io(role: str, vcfg: Sam2VideoConfig) -> tuple[str, tuple[str, ...], tu
 
 
 def video_file(target: str, role: str) -> str:
-    return VIDEO_GRAPHS[role][0] + EXTENSIONS[target]
+    """The file of a video graph (``role`` + ``BATCHED``: the graph at ``VIDEO_BATCH`` objects)."""
+    suffix = f"_b{VIDEO_BATCH}" if role.endswith(BATCHED) else ""
+    return VIDEO_GRAPHS[role.removesuffix(BATCHED)][0] + suffix + EXTENSIONS[target]
+
+
+def outputs(role: str) -> tuple[str, ...]:
+    """Output names of a video graph (the batched graph's equal the single-object one's)."""
+    return VIDEO_GRAPHS[role.removesuffix(BATCHED)][2]
 
 
 def const_layout(c: int) -> dict[str, tuple[int, int]]:
@@ -138,7 +162,7 @@ def _onnx_runner(path: Path, role: str, threads: int | None) -> Runner:
     from sam2edge.runtime.backends.onnx import make_session
 
     sess = make_session(path, threads=threads)
-    names = list(VIDEO_GRAPHS[role][2])
+    names = list(outputs(role))
     return lambda feed: dict(zip(names, sess.run(names, feed)))
 
 
@@ -148,7 +172,7 @@ def _executorch_runner(path: Path, role: str, threads: int | None) -> Runner:
     from sam2edge.runtime.backends.executorch import load_method
 
     method = load_method(path, "re-run `sam2edge export --target executorch --video`")
-    outs = VIDEO_GRAPHS[role][2]
+    outs = outputs(role)
 
     def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # feed: the graph's inputs in call order
         res = method.execute([torch.from_numpy(v) for v in feed.values()])
@@ -197,11 +221,16 @@ def _f32(a) -> np.ndarray:
 
 
 class BundleVideoBackend:
-    """``VideoBackend`` over an image backend (frame encoder) and the three video graphs of one target."""
+    """``VideoBackend`` over an image backend (frame encoder) and the video graphs of one target; ``batch``: the
+    objects per call of the bundle's batched graphs (1: none, every object through the single-object graphs)."""
 
     def __init__(self, image, target: str, folder: Path, cfg: Sam2Config, vcfg: Sam2VideoConfig, **kw) -> None:
         self.image, self.cfg, self.vcfg, self.name = image, cfg, vcfg, f"{target}-bundle"
         self.num_tokens = int(kw.get("num_tokens") or DEFAULT_VIDEO_TOKENS)
+        self.batch = int(kw.get("batch") or 1)
+        # a chunk of at least pad_from objects goes through the batched graph, padded to ``batch`` rows; smaller
+        # ones run one object per call (on CPUs a padded row costs as much as a real one: docs/video.md)
+        self.pad_from = int(kw.get("pad_from") or self.batch)
         threads = kw.get("threads")
         self.run = GraphRunners(target, folder, threads)
         self.tables = read_tables(folder, cfg.d_model)
@@ -219,33 +248,57 @@ class BundleVideoBackend:
     def no_memory(self, vision: np.ndarray) -> np.ndarray:
         return vision + self._no_mem
 
+    def _objects(self, role: str, given: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """Run ``role`` for n objects: chunks of ``batch`` objects through the batched graph (a short chunk padded
+        with copies of its last object) if it holds at least ``pad_from`` objects, else one object per call through
+        the single-object graph; outputs n rows."""
+        parts, i = [], 0
+        while i < n:
+            m = min(self.batch, n - i)
+            m, rows = (m, self.batch) if m >= max(2, self.pad_from) else (1, 1)
+            feed = {}
+            for name in self.inputs[role]:
+                a = given[name]
+                if name not in SHARED_INPUTS:
+                    r = a.shape[0] // n  # rows per object
+                    a = a[i * r : (i + m) * r]
+                    a = np.concatenate([a, *[a[-r:]] * (rows - m)]) if rows > m else a
+                feed[name] = _f32(a)
+            out = self.run[role + BATCHED if rows > 1 else role](feed)
+            parts.append({k: v[:m] for k, v in out.items()})
+            i += m
+        return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
+
     def memory_attention(self, vision: np.ndarray, mem: MemoryInputs) -> np.ndarray:
         given = {**vars(mem), "vision": vision}
         given.update(zip(("rope_cos", "rope_sin", "rope_cos_k", "rope_sin_k"), self.rope))
-        feed = {n: _f32(given[n]) for n in self.inputs["memory-attention"]}
-        return self.run["memory-attention"](feed)["pix_feat"]
+        return self._objects("memory-attention", given, mem.mem_tpos.shape[0])["pix_feat"]
 
     def decode(self, pix_feat, feats: FrameFeatures, coords, labels, mask_input) -> VideoDecoded:
-        """coords 1xNx2 model-input px, labels 1xN (the predictor's layout, pad included) -> all 4 tokens."""
-        n = int(np.asarray(labels).size)
+        """coords BxNx2 model-input px, labels BxN (the predictor's layout, pad included) -> all 4 tokens."""
+        n_obj, n = np.asarray(labels).shape
         if n > self.num_tokens:
             raise UserError(
                 f"{n} prompt tokens (box corners + points + pad) exceed this bundle's {self.num_tokens} video "
                 f"prompt slots; use at most {self.num_tokens - 1} points on a frame"
             )
-        tokens, valid = encode_points(coords[0], labels[0], self.tables, self.cfg.image_size, self.num_tokens)
+        enc = [
+            encode_points(coords[b], labels[b], self.tables, self.cfg.image_size, self.num_tokens) for b in range(n_obj)
+        ]
         side = 4 * self.cfg.image_embedding_size
-        mask = np.zeros((1, 1, side, side), np.float32) if mask_input is None else mask_input
-        has = np.full((1, 1), 0.0 if mask_input is None else 1.0, np.float32)
+        mask = np.zeros((n_obj, 1, side, side), np.float32) if mask_input is None else mask_input
+        has = np.full((n_obj, 1), 0.0 if mask_input is None else 1.0, np.float32)
+        tokens, valid = np.concatenate([t for t, _ in enc]), np.concatenate([v for _, v in enc])
         args = (pix_feat, feats.feat_s0, feats.feat_s1, tokens, valid, mask, has)
-        out = self.run["video-decoder"](dict(zip(VIDEO_GRAPHS["video-decoder"][1], (_f32(a) for a in args))))
+        out = self._objects("video-decoder", dict(zip(VIDEO_GRAPHS["video-decoder"][1], args)), n_obj)
         return VideoDecoded(out["masks"], out["iou_scores"], out["object_score"], out["obj_ptrs"])
 
     def encode_memory(self, vision: np.ndarray, low_res: np.ndarray, binarize: bool, score: np.ndarray) -> np.ndarray:
-        b = np.full((1, 1), 1.0 if binarize else 0.0, np.float32)
-        given = {"vision": _f32(vision), "low_res": _f32(low_res), "binarize": b, "score": _f32(score).reshape(1, 1)}
+        n = low_res.shape[0]
+        b = np.full((n, 1), 1.0 if binarize else 0.0, np.float32)
+        given = {"vision": vision, "low_res": low_res, "binarize": b, "score": _f32(score).reshape(n, 1)}
         given["latents"] = self.latents
-        return self.run["memory-encoder"]({n: given[n] for n in self.inputs["memory-encoder"]})["memory"]
+        return self._objects("memory-encoder", given, n)["memory"]
 
     def downsample_mask(self, mask: np.ndarray) -> np.ndarray:
         """mask 1x1xSxS -> 1x1x(S/4)x(S/4): the 4x4 stride-4 convolution, on the host."""
@@ -275,6 +328,5 @@ def open_video_bundle(folder: str | Path, *, threads: int | None = None, image=N
         vcfg = get_video_config(card["config"])
     except (ValueError, TypeError) as e:
         raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
-    return BundleVideoBackend(
-        image, target, folder, cfg, vcfg, threads=threads, num_tokens=video.get("num_tokens")
-    ), card
+    kw = {"threads": threads, "num_tokens": video.get("num_tokens"), "batch": video.get("batch")}
+    return BundleVideoBackend(image, target, folder, cfg, vcfg, **kw), card

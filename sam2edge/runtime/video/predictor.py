@@ -3,7 +3,8 @@
 Coordinate frames: ``points`` Nx2 (X, Y) and ``box`` XYXY are in video pixels
 (``normalize_coords=True``) or in [0, 1] (``normalize_coords=False``), as upstream. Returned
 ``video_res_masks`` are (num_objects, 1, H, W) logits at video resolution (torch tensors, as upstream);
-``> 0`` is the mask. Objects are tracked one at a time (batch 1), as upstream does.
+``> 0`` is the mask. Objects tracked on a frame go through memory attention, the decoder and the memory
+encoder as one batch (``batch``; upstream runs them one at a time, and batching them is exact).
 
 Differences from upstream: frames are uint8 at model resolution, normalised when encoded; the memory graph has
 fixed slots (``memory_bank``). Hole filling: the predictor fills small background holes (``fill_hole_area = 8``
@@ -27,8 +28,9 @@ from PIL import Image
 from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
 from sam2edge.runtime.video.backend import EagerVideoBackend, FrameFeatures, VideoBackend
+from sam2edge.runtime.video.batch import select_output, track_objects
 from sam2edge.runtime.video.io import read_frames
-from sam2edge.runtime.video.masks import fill_holes, stable_single_mask
+from sam2edge.runtime.video.masks import fill_holes
 from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select_memory
 from sam2edge.validate import check_index, check_int, check_mask_2d, check_propagation, check_video_prompt
 
@@ -296,17 +298,13 @@ class Sam2VideoPredictor:
             end = min(start_frame_idx + span, n - 1)
             order = range(start_frame_idx, end + 1)
         for f in order:
-            per_obj = []
-            for idx, mem in state.memory.items():
-                if f in mem.cond:
-                    masks = mem.cond[f].pred_masks
-                else:
-                    out = self._infer(state, idx, f, False, None, None, reverse, True, None)
-                    mem.non_cond[f] = out
-                    masks = out.pred_masks
+            todo = [idx for idx, mem in state.memory.items() if f not in mem.cond]  # the rest: their prompt
+            for idx, out in zip(todo, track_objects(self, state, todo, f, reverse) if todo else []):
+                state.memory[idx].non_cond[f] = out
+            for idx in state.memory:
                 state.tracked[idx][f] = reverse
-                per_obj.append(masks)
-            low = torch.from_numpy(np.concatenate(per_obj, axis=0))
+            per_obj = [mem.cond[f] if f in mem.cond else mem.non_cond[f] for mem in state.memory.values()]
+            low = torch.from_numpy(np.concatenate([o.pred_masks for o in per_obj], axis=0))
             yield f, list(state.obj_ids), self._to_video(state, low)
 
     # ---- one object on one frame ------------------------------------------------------------
@@ -347,15 +345,7 @@ class Sam2VideoPredictor:
             coords, labels = np.zeros((1, 2), np.float32), np.full(1, -1.0, np.float32)
         coords = np.concatenate([coords, np.zeros((1, 2), np.float32)])[None]
         labels = np.concatenate([labels, np.full(1, -1.0, np.float32)])[None]
-        dec = self.backend.decode(pix, feats, coords, labels, prev)
-        if multimask:
-            k = 1 + int(np.argmax(dec.iou[0, 1:]))
-            mask, ptr = dec.masks[:, k : k + 1], dec.ptrs[:, k]
-        else:
-            mask, ptr = stable_single_mask(dec.masks, dec.iou, self.cfg), dec.ptrs[:, 0]
-        if not dec.score[0, 0] > 0:
-            mask = np.full_like(mask, self.vcfg.no_obj_score)
-        return FrameOutput(mask.astype(np.float32), ptr.astype(np.float32), dec.score.astype(np.float32))
+        return select_output(self.backend.decode(pix, feats, coords, labels, prev), multimask, self.cfg, self.vcfg)
 
     def _mask_as_output(self, feats: FrameFeatures, mask: np.ndarray) -> FrameOutput:
         """Upstream ``_use_mask_as_output``: the mask itself is the output; the pointer comes from SAM heads."""
