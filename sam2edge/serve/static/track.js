@@ -30,12 +30,38 @@ async function loadGraphs(info, accel, setStatus) {
     }
     graphs[role] = { ...g, model };
   }
-  const c = info.d_model;
-  const constants = await fetchF32(vi.tables.const); // no_mem_embed [C] | no_obj_ptr [C] | mask downsampler
-  const rope = await fetchF32(vi.tables.rope); // cos [HW, C] | sin [HW, C]
   const tables = {};
   for (const [k, url] of Object.entries(info.decoder.tables)) tables[k] = await fetchF32(url);
-  return { graphs, accel, tables, noMemEmbed: constants.slice(0, c), ropeCos: rope.subarray(0, rope.length / 2), ropeSin: rope.subarray(rope.length / 2) };
+  return { graphs, accel, tables, ...(await videoTables(vi, info.d_model, info.embed_size)) };
+}
+
+// The host tables of the video graphs, checked against the bundle's layout: video_const.bin (no_mem_embed [C] |
+// no_obj_ptr [C] | mask downsampler), rope_tables.bin (cos | sin [e*e, C], then EdgeTAM's key tables cos_k |
+// sin_k [N, C]) and EdgeTAM's perceiver latents [N, M] (the memory encoder's input).
+export async function videoTables(vi, c, e) {
+  const constants = await fetchF32(vi.tables.const);
+  const rope = await fetchF32(vi.tables.rope);
+  const hw = e * e * c;
+  const kw = (vi.rope_key_rows || 0) * c;
+  if (rope.length !== 2 * (hw + kw)) {
+    throw new Error(`rope_tables.bin holds ${rope.length} floats, expected ${2 * (hw + kw)}; re-export the bundle with --video`);
+  }
+  const out = {
+    noMemEmbed: constants.slice(0, c),
+    ropeCos: rope.subarray(0, hw),
+    ropeSin: rope.subarray(hw, 2 * hw),
+    ropeCosK: rope.subarray(2 * hw, 2 * hw + kw),
+    ropeSinK: rope.subarray(2 * hw + kw),
+    latents: null,
+  };
+  if (vi.tables.latents) {
+    out.latents = await fetchF32(vi.tables.latents);
+    const want = vi.memory_tokens * vi.config.mem_dim;
+    if (out.latents.length !== want) {
+      throw new Error(`perceiver_latents.bin holds ${out.latents.length} floats, expected ${want}; re-export the bundle with --video`);
+    }
+  }
+  return out;
 }
 
 async function run(g, named, times, stage) {
@@ -56,7 +82,7 @@ function graphProtocol(rt, info, times) {
   const g = rt.graphs;
   return {
     async memoryAttention(vision, inputs) {
-      const named = { vision, ...inputs, rope_cos: rt.ropeCos, rope_sin: rt.ropeSin };
+      const named = { vision, ...inputs, rope_cos: rt.ropeCos, rope_sin: rt.ropeSin, rope_cos_k: rt.ropeCosK, rope_sin_k: rt.ropeSinK };
       return (await run(g['memory-attention'], named, times, 'memory_attention')).pix_feat;
     },
     async decode(pix, feats, coords, labels, maskInput) {
@@ -71,7 +97,7 @@ function graphProtocol(rt, info, times) {
       return run(g['video-decoder'], named, times, 'decoder');
     },
     async encodeMemory(vision, lowRes, binarize, score) {
-      const named = { vision, low_res: lowRes, binarize: Float32Array.of(binarize ? 1 : 0), score: Float32Array.of(score) };
+      const named = { vision, low_res: lowRes, binarize: Float32Array.of(binarize ? 1 : 0), score: Float32Array.of(score), latents: rt.latents };
       return (await run(g['memory-encoder'], named, times, 'memory_encoder')).memory;
     },
   };
@@ -111,7 +137,7 @@ function trackerMeta(clip) {
     side: info.mask_side, e: info.embed_size, C: info.d_model, M: c.mem_dim, K: c.memory_slots, P: c.max_obj_ptrs,
     numMaskmem: c.num_maskmem, maxObjPtrs: c.max_obj_ptrs, noObjScore: c.no_obj_score,
     stabilityDelta: info.video.stability.delta, stabilityThresh: info.video.stability.thresh,
-    fillHoleArea: info.video.fill_hole_area, noMemEmbed: rt.noMemEmbed,
+    fillHoleArea: info.video.fill_hole_area, noMemEmbed: rt.noMemEmbed, memoryTokens: info.video.memory_tokens || null,
   };
 }
 
