@@ -88,8 +88,8 @@ def edgetam_server(edgetam_bundle):
     srv.server_close()
 
 
-def _open_clip(browser, server, clip: Path, accel: str):
-    url = f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}"
+def _open_clip(browser, server, clip: Path, accel: str, encode: str = "page"):
+    url = f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}&encode={encode}"
     page, logs = open_ready_page(browser, url, {"width": 900, "height": 800}, TIMEOUT_MS)
     assert page.is_visible("#open-video")
     page.set_input_files("#video-file", str(clip))
@@ -157,13 +157,19 @@ def _replay(bundle: Path, clip: Path, calls: list[dict]) -> tuple[list[dict[int,
     return actions, np.array(final)
 
 
-@pytest.mark.parametrize(("model", "accel"), [("sam2.1", "wasm"), ("sam2.1", "webgpu"), ("edgetam", "wasm")])
-def test_tracking_in_the_page_equals_python(browser, request, clip, model, accel, tmp_path):
-    """SAM 2.1 (IoU >= 0.99 per frame and object) and EdgeTAM (perceiver memory slots, IoU >= 0.999)."""
+@pytest.mark.parametrize(
+    ("model", "accel", "encode"),
+    [("sam2.1", "wasm", "server"), ("sam2.1", "webgpu", "page"), ("edgetam", "wasm", "page")],
+)
+def test_tracking_in_the_page_equals_python(browser, request, clip, model, accel, encode, tmp_path):
+    """SAM 2.1 (IoU >= 0.99 per frame and object) and EdgeTAM (perceiver memory slots, IoU >= 0.999); the frame
+    encoder in the page, or the server's (?encode=server, the fallback)."""
     prefix = "edgetam_" if model == "edgetam" else ""
     server, bundle = request.getfixturevalue(prefix + "server"), request.getfixturevalue(prefix + "bundle")
     iou_min = 0.999 if model == "edgetam" else 0.99
-    page, logs = _open_clip(browser, server, clip, accel)
+    page, logs = _open_clip(browser, server, clip, accel, encode)
+    want_status = "frame encoder here" if encode == "page" else "frame encoder on the server"
+    assert want_status in page.inner_text("#status"), page.inner_text("#status")
     try:
         seen: list[dict[int, np.ndarray]] = []  # per page action, frame -> the page's label map
         w, h = SIZE
@@ -203,8 +209,11 @@ def test_tracking_in_the_page_equals_python(browser, request, clip, model, accel
     finally:
         page.close()
     assert [c["op"] for c in calls] == ["add", "add", "propagate", "propagate", "add", "propagate", "propagate"]
-    # the server only encodes frames: it never loads the video graphs the page runs
-    assert server.sam2edge_app.clips.predictor.backend.run.loaded() == ()
+    # the server never loads the video graphs the page runs; with the encoder in the page it encodes no frame
+    app = server.sam2edge_app
+    assert app.clips.predictor.backend.run.loaded() == ()
+    encoded_here = list(list(app.clips._clips.values())[-1].state.cache)  # this test's clip (the newest)
+    assert (encoded_here == []) == (encode == "page"), encoded_here
     want, want_lows = _replay(bundle, clip, calls)
     scale = np.abs(want_lows).max()
     print(
@@ -220,6 +229,38 @@ def test_tracking_in_the_page_equals_python(browser, request, clip, model, accel
                 present += bool(0.005 < ref.mean() < 0.995)
                 assert mask_iou(got, ref) >= iou_min, (action, f, obj, mask_iou(got, ref), got.sum(), ref.sum())
     assert present >= 20  # both objects are really tracked on most frames, not empty (or full) on both sides
+
+
+def test_a_video_graph_that_fails_to_load_is_one_message(browser, bundle, clip, tmp_path):
+    """A video graph the page cannot load (damaged after the server opened the bundle): one line in the page naming
+    the file and the fix, nothing uncaught; the page stays usable (a photo opens and a tap decodes)."""
+    folder = tmp_path / "bundle"
+    shutil.copytree(bundle, folder)
+    srv = _serve(folder)
+    try:
+        (folder / "memory_attention.tflite").write_bytes(b"not a flatbuffer" * 64)
+        url = f"http://127.0.0.1:{srv.server_address[1]}/?accel=wasm"
+        page, logs = open_ready_page(browser, url, {"width": 900, "height": 800}, TIMEOUT_MS)
+        try:
+            page.set_input_files("#video-file", str(clip))
+            page.wait_for_function("document.getElementById('status').classList.contains('error')", timeout=TIMEOUT_MS)
+            status = page.inner_text("#status")
+            assert "memory_attention.tflite failed to load" in status and "re-export" in status, status
+            assert "\n" not in status
+            page.select_option("#sample", "chelsea.png")
+            page.wait_for_function("window.sam2edge.image !== null && !window.sam2edge.busy", timeout=TIMEOUT_MS)
+            n = int(page.evaluate("Number(document.body.dataset.decodes || 0)"))
+            r = page.locator("#prompt-layer").bounding_box()
+            page.mouse.click(r["x"] + 0.5 * r["width"], r["y"] + 0.4 * r["height"])
+            page.wait_for_function(f"Number(document.body.dataset.decodes || 0) > {n}", timeout=TIMEOUT_MS)
+            assert not page.evaluate("document.getElementById('status').classList.contains('error')")
+            assert page.evaluate("window.sam2edge.mask !== null")
+        finally:
+            page.close()
+        assert not [line for line in logs if line.startswith("pageerror")], logs
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def _post(server, path: str, body: bytes, session: str) -> tuple[int, dict]:

@@ -1,5 +1,8 @@
 """What the browser needs from a bundle, and where the pinned front-end runtime lies.
 
+Browser encoder of a LiteRT bundle: the artifact with role "encoder" (``BrowserEncoder``; the page runs it on
+each photo and clip frame unless it falls back to the server's).
+
 Browser decoder assets of a LiteRT bundle (card.json ``target`` "litert"):
   decoder   the artifact with role "decoder" (a .tflite; TokenDecoderGraph contract)
             inputs  image_embeddings 1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e,
@@ -81,6 +84,42 @@ def browser_decoder(bundle: Path) -> tuple[BrowserDecoder | None, str]:
     if sorted(inputs) != sorted(DECODER_INPUTS) or sorted(outputs) != sorted(DECODER_OUTPUTS):
         return None, f"the decoder I/O in {bundle.name}/card.json is not the TokenDecoderGraph contract"
     return BrowserDecoder(bundle, decoders[0], tables, inputs, outputs), ""
+
+
+ENCODER_INPUTS = ("image",)
+ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")
+
+
+@dataclass
+class BrowserEncoder:
+    """The bundle's image encoder for the page (LiteRT.js): image 1x3xSxS (preprocessed) -> image_embeddings
+    1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e; I/O names in tensor order."""
+
+    folder: Path
+    encoder: str
+    inputs: tuple[str, ...] = ENCODER_INPUTS
+    outputs: tuple[str, ...] = ENCODER_OUTPUTS
+    files: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.files = {self.encoder}
+
+    def describe(self, url_prefix: str) -> dict:
+        return {"url": url_prefix + self.encoder, "inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+
+def browser_encoder(bundle: Path) -> tuple[BrowserEncoder | None, str]:
+    """(encoder assets, "") for a LiteRT bundle whose encoder the page can run, else (None, reason in one line)."""
+    bundle = Path(bundle)
+    card = _read_card(bundle)
+    arts = {a.get("file"): a.get("role", "") for a in card.get("artifacts", []) if isinstance(a, dict)}
+    encoders = [f for f, r in arts.items() if r == "encoder" and str(f).endswith(".tflite")]
+    if not encoders or not (bundle / encoders[0]).is_file():
+        return None, f"the bundle {bundle.name} has no LiteRT encoder (.tflite)"
+    inputs, outputs = _io_order(card.get("extra") or {}, encoders[0], ENCODER_INPUTS, ENCODER_OUTPUTS)
+    if sorted(inputs) != sorted(ENCODER_INPUTS) or sorted(outputs) != sorted(ENCODER_OUTPUTS):
+        return None, f"the encoder I/O in {bundle.name}/card.json is not image -> {', '.join(ENCODER_OUTPUTS)}"
+    return BrowserEncoder(bundle, encoders[0], inputs, outputs), ""
 
 
 def _io_order(

@@ -1,18 +1,23 @@
 // Tracking a short video in the page, offered when /api/info has `video` (a LiteRT bundle exported with --video).
-// The server decodes the upload and runs the bundle's frame encoder when this page asks for a frame; the memory
-// attention, the video decoder and the memory encoder run here with LiteRT.js, and tracker.js (the port of
-// Sam2VideoPredictor and its memory bank) keeps every object's memory. Left click: object point on the shown
+// The server decodes the upload and resizes its frames (Sam2VideoPredictor.init_state); every model stage runs
+// here with LiteRT.js: the frame encoder (app.js's, on the frame's S x S pixels; the server's encoder only as the
+// fallback, see app.js), the memory attention, the video decoder and the memory encoder, and tracker.js (the
+// port of Sam2VideoPredictor and its memory bank) keeps every object's memory. The graphs' inputs are the
+// bundle's own (SAM 2.1 or EdgeTAM: /api/info's video.graphs). Left click: object point on the shown
 // frame, right click or Alt+click: background point, drag: box; "Track" propagates every object through the clip.
 import * as lrt from './litert.js';
 import { encodePoints, upsampleMask } from './sam.js';
 import { Tracker, TrackingError } from './tracker.js';
+import { encodeImage, normalizeFrame, visionOf } from './encoder.js';
 
 const $ = (id) => document.getElementById(id);
 const COLOURS = [[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48], [145, 30, 180]];
 const STAGES = ['features', 'memory_attention', 'decoder', 'memory_encoder'];
 
 async function fetchF32(url) {
-  return new Float32Array(await (await fetch(url)).arrayBuffer());
+  const res = await fetch(url);
+  if (!res.ok) throw new Error(`${url.split('/').pop()} failed to load (HTTP ${res.status}); re-export the bundle with --video`);
+  return new Float32Array(await res.arrayBuffer());
 }
 
 // The three video graphs on one accelerator, with per-stage timings of the frame being tracked.
@@ -25,7 +30,7 @@ async function loadGraphs(info, accel, setStatus) {
     try {
       model = await lrt.compile(g.url, accel);
     } catch (e) {
-      if (accel === 'wasm') throw e;
+      if (accel === 'wasm') throw new Error(`${g.file} failed to load (${e.message || e}); re-export the bundle with --video`);
       return loadGraphs(info, 'wasm', setStatus); // the WebGPU delegate refused it: every graph on wasm
     }
     graphs[role] = { ...g, model };
@@ -116,6 +121,23 @@ const resetTimes = () => STAGES.forEach((s) => delete times[s]);
 async function features(frame) {
   if (cached && cached.frame === frame) return cached.feats;
   const t0 = performance.now();
+  const feats = state.encoder.where === 'browser' ? await encodeFrame(frame) : await serverFeatures(frame);
+  times.features = (times.features || 0) + performance.now() - t0;
+  cached = { frame, feats };
+  return feats;
+}
+
+// The frame's S x S pixels from the server, encoded here (BundleVideoBackend.encode_frame in the page).
+async function encodeFrame(frame) {
+  const s = state.info.resolution;
+  const rgb = new Uint8Array(await (await api(`/api/videos/${v.clip.id}/pixels/${frame}`)).arrayBuffer());
+  if (rgb.length !== s * s * 3) throw new Error(`frame ${frame} came as ${rgb.length} bytes, expected ${s * s * 3}`);
+  const out = await encodeImage(state.encoder, normalizeFrame(rgb, s));
+  return { vision: visionOf(out.image_embeddings, rt.noMemEmbed, state.info.embed_size), feat_s0: out.feat_s0, feat_s1: out.feat_s1 };
+}
+
+// The fallback: the server's frame encoder (vision | feat_s0 | feat_s1, float32).
+async function serverFeatures(frame) {
   const buf = await (await api(`/api/videos/${v.clip.id}/features/${frame}`)).arrayBuffer();
   const feats = {};
   let offset = 0;
@@ -124,10 +146,10 @@ async function features(frame) {
     feats[k] = new Float32Array(buf, offset * 4, n);
     offset += n;
   }
-  times.features = (times.features || 0) + performance.now() - t0;
-  cached = { frame, feats };
   return feats;
 }
+
+const encoderWhere = () => (state.encoder.where === 'browser' ? `frame encoder here (${state.encoder.accelerator})` : 'frame encoder on the server');
 
 function trackerMeta(clip) {
   const info = state.info;
@@ -164,7 +186,7 @@ async function openVideo(file) {
     $('frame').max = String(clip.num_frames - 1);
     fillObjects();
     await show(0);
-    setStatus(`${clip.width}x${clip.height} video, ${clip.num_frames} frames · graphs on ${rt.accel} · click the object to track`);
+    setStatus(`${clip.width}x${clip.height} video, ${clip.num_frames} frames · ${encoderWhere()} · video graphs here (${rt.accel}) · click the object to track`);
   } catch (e) {
     setStatus(`could not open the video: ${e.message || e}`, true);
   } finally {
@@ -305,7 +327,7 @@ async function trackAll() {
       v.calls.push({ op: 'propagate', reverse });
     }
     renderTimes();
-    setStatus(`tracked ${v.tracker.objIds.length} object(s) through ${step} frame steps on ${rt.accel}`);
+    setStatus(`tracked ${v.tracker.objIds.length} object(s) through ${step} frame steps · ${encoderWhere()} · video graphs here (${rt.accel})`);
   });
 }
 
@@ -319,7 +341,8 @@ function renderTimes() {
     return s.length ? s[(s.length - 1) >> 1] : NaN;
   };
   const tracked = v.times.filter((t) => t.memory_attention !== undefined); // prompted frames run no graph
-  const rows = [...STAGES, 'total'].map((s) => `<tr><th>${s.replace('_', ' ')}</th><td>${median(tracked.map((t) => t[s] || 0)).toFixed(1)}</td></tr>`);
+  const label = (s) => (s === 'features' ? `features (${state.encoder.where === 'browser' ? 'encoder here' : 'server encoder'})` : s.replace('_', ' '));
+  const rows = [...STAGES, 'total'].map((s) => `<tr><th>${label(s)}</th><td>${median(tracked.map((t) => t[s] || 0)).toFixed(1)}</td></tr>`);
   $('latency').innerHTML = `<table id="stage-times"><tr><th>per tracked frame, median of ${tracked.length} (${rt.accel})</th><th>ms</th></tr>${rows.join('')}</table>`;
 }
 
@@ -376,7 +399,10 @@ function wire() {
 
 // Shown when /api/info offers tracking; `state` is app.js's (state.video = this page's clip and tracker).
 export function setUpTracking(pageState, pageApi, pageStatus) {
-  if (!pageState.info.video) return;
+  if (!pageState.info.video) {
+    $('video-status').textContent = `video: no tracking here (${pageState.info.video_note})`;
+    return;
+  }
   [state, api, setStatus] = [pageState, pageApi, pageStatus];
   state.video = v;
   $('open-video').hidden = false;
