@@ -130,7 +130,15 @@ async function encodeHere(photoBlob, meta) {
   const { data } = ctx.getImageData(0, 0, c.width, c.height);
   const t0 = performance.now();
   const x = preprocess(data, meta.width, meta.height, state.info.resolution);
-  const out = await encodeImage(state.encoder, x);
+  const errorsBefore = lrt.gpuErrors.length;
+  let out = await encodeImage(state.encoder, x);
+  if (lrt.gpuErrors.length > errorsBefore) {
+    // WebGPU failed: its outputs are zeros, not features; the encoder moves to wasm
+    state.encoder.model = await lrt.compile(state.info.encoder.url, 'wasm');
+    state.encoder.accelerator = 'wasm';
+    $('encoder-status').textContent = `encoder: in this browser · wasm (WebGPU failed here: ${lrt.gpuErrors[errorsBefore]})`;
+    out = await encodeImage(state.encoder, x);
+  }
   state.lastEncode = { ms: performance.now() - t0, where: 'browser', accelerator: state.encoder.accelerator };
   return { image_embed: out.image_embeddings, feat_s0: out.feat_s0, feat_s1: out.feat_s1 };
 }

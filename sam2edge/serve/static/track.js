@@ -132,7 +132,11 @@ async function encodeFrame(frame) {
   const s = state.info.resolution;
   const rgb = new Uint8Array(await (await api(`/api/videos/${v.clip.id}/pixels/${frame}`)).arrayBuffer());
   if (rgb.length !== s * s * 3) throw new Error(`frame ${frame} came as ${rgb.length} bytes, expected ${s * s * 3}`);
+  const errors = lrt.gpuErrors.length;
   const out = await encodeImage(state.encoder, normalizeFrame(rgb, s));
+  if (lrt.gpuErrors.length > errors) {
+    throw new Error(`WebGPU failed in the frame encoder (${lrt.gpuErrors[errors]}); reload the page with ?accel=wasm`);
+  }
   return { vision: visionOf(out.image_embeddings, rt.noMemEmbed, state.info.embed_size), feat_s0: out.feat_s0, feat_s1: out.feat_s1 };
 }
 
