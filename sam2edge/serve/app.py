@@ -27,7 +27,6 @@ other session gets 404 for them, as for an id that never existed.
 from __future__ import annotations
 
 import io
-import json
 import secrets
 import threading
 import time
@@ -54,12 +53,10 @@ from sam2edge.serve.assets import (
     vendor_mounts,
 )
 from sam2edge.serve.clips import Clips
-from sam2edge.serve.uploads import decode_upload, encode_png
+from sam2edge.serve.uploads import MAX_PROMPT_POINTS, decode_upload, encode_png, parse_prompt
 from sam2edge.serve.web import Handler, HttpError, Mounts, WebServer
-from sam2edge.validate import InputError, check_points
 
 FEATURE_ORDER = ("image_embed", "feat_s0", "feat_s1")
-MAX_PROMPT_POINTS = 64
 BUSY_WAIT_S = 20.0  # an upload waits this long for a decode slot, then gets 503
 
 
@@ -351,24 +348,6 @@ class App:
         if owner is None:
             raise HttpError(404, f"no such model file {name[:60]!r}")
         h.send_file(owner.folder / name)
-
-
-def parse_prompt(body: bytes, image_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """JSON {"coords": [[x, y], ...], "labels": [...]} -> (coords 1xNx2 float32, labels 1xN float32)."""
-    try:
-        obj = json.loads(body)
-        raw_coords, raw_labels = obj["coords"], obj["labels"]
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
-        raise HttpError(400, 'the prompt must be JSON {"coords": [[x, y], ...], "labels": [...]}') from None
-    try:
-        coords, labels = check_points(raw_coords, raw_labels)
-    except InputError as e:
-        raise HttpError(400, str(e)) from None
-    if not 1 <= len(labels) <= MAX_PROMPT_POINTS:
-        raise HttpError(400, f"give 1..{MAX_PROMPT_POINTS} coords with one label each")
-    if (coords < 0).any() or (coords > image_size).any():
-        raise HttpError(400, f"coords are model-input pixels and must lie in [0, {image_size}]")
-    return coords[None], labels[None]
 
 
 def serve_forever(app: App, host: str, port: int, open_message: bool = True) -> None:
