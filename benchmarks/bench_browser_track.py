@@ -1,11 +1,13 @@
 """Tracking in the page vs tracking in Python, one run: per-frame time and masks of the same bundle.
 
-    python benchmarks/bench_browser_track.py BUNDLE [--frames 4] [--accel wasm] [--threads 2] [--json out.json]
+    python benchmarks/bench_browser_track.py BUNDLE [--frames 4] [--accel wasm] [--encode page] [--threads 2]
+        [--json out.json]
 
-BUNDLE is a LiteRT bundle exported with ``--video``. The script serves it (``sam2edge serve``'s app), opens the
-page in headless Debian chromium, uploads a clip (skimage's astronaut under a drifting 640x480 window, VP9),
-clicks one object on frame 0 and presses Track (forwards only). The page's per-frame stage times come from its
-own clock (features: the server's frame encoder + transfer; the three video graphs in LiteRT.js). Then the
+BUNDLE is a LiteRT bundle exported with ``--video`` (SAM 2.1 or EdgeTAM). The script serves it (``sam2edge
+serve``'s app), opens the page in headless Debian chromium, uploads a clip (skimage's astronaut under a drifting
+640x480 window, VP9), clicks one object on frame 0 and presses Track (forwards only). The page's per-frame stage
+times come from its own clock (features: the frame encoder in LiteRT.js with ``--encode page``, the server's
+encoder + transfer with ``--encode server``; the three video graphs in LiteRT.js). Then the
 same calls are replayed on ``Sam2VideoPredictor.from_export(BUNDLE)`` (ai-edge-litert, ``--threads``), timed
 per frame, and the masks are compared frame by frame (IoU). Nothing else should run meanwhile.
 """
@@ -35,7 +37,7 @@ def write_clip(path: Path, frames: int, size=(640, 480), step: int = 12) -> None
     close_writer(container, stream)
 
 
-def run_page(bundle: Path, clip: Path, accel: str, timeout_ms: int) -> dict:
+def run_page(bundle: Path, clip: Path, accel: str, timeout_ms: int, encode: str = "page") -> dict:
     """Serve, upload, click, track in chromium -> {"calls", "times", "masks" {frame: HxW bool}}."""
     from playwright.sync_api import sync_playwright
 
@@ -51,7 +53,7 @@ def run_page(bundle: Path, clip: Path, accel: str, timeout_ms: int) -> dict:
         with sync_playwright() as pw:
             browser = launch(pw, webgpu=accel == "webgpu")
             page = browser.new_page(viewport={"width": 900, "height": 800})
-            page.goto(f"{srv.url}/?accel={accel}")
+            page.goto(f"{srv.url}/?accel={accel}&encode={encode}")
             page.wait_for_selector("body[data-ready='1']", state="attached", timeout=timeout_ms)
             page.set_input_files("#video-file", str(clip))
             page.wait_for_function("window.sam2edge.video.tracker && !window.sam2edge.video.busy", timeout=timeout_ms)
@@ -119,6 +121,7 @@ def main() -> None:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--frames", type=int, default=4)
     ap.add_argument("--accel", choices=("wasm", "webgpu"), default="wasm")
+    ap.add_argument("--encode", choices=("page", "server"), default="page", help="where the frame encoder runs")
     ap.add_argument("--threads", type=int, default=2, help="ai-edge-litert threads of the Python subject")
     ap.add_argument("--timeout-s", type=int, default=3600)
     ap.add_argument("--json", type=Path, help="write the per-frame numbers here")
@@ -128,22 +131,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         clip = Path(tmp) / "clip.webm"
         write_clip(clip, args.frames)
-        page = run_page(args.bundle, clip, args.accel, args.timeout_s * 1000)
+        page = run_page(args.bundle, clip, args.accel, args.timeout_s * 1000, args.encode)
         py_ms, py_masks = run_python(args.bundle, clip, page["calls"], args.threads)
     tracked = [t for t in page["times"] if "memory_attention" in t]
     stages = ("features", "memory_attention", "decoder", "memory_encoder", "total")
     med = {s: float(np.median([t.get(s, 0.0) for t in tracked])) for s in stages}
     ious = {f: mask_iou(page["masks"][f], py_masks[f]) for f in sorted(py_masks)}
-    print(
-        f"| stage (median of {len(tracked)} tracked frames) | page, LiteRT.js {args.accel} | Python, ai-edge-litert |"
-    )
+    where = f"page, LiteRT.js {args.accel}, encoder {'in the page' if args.encode == 'page' else 'on the server'}"
+    print(f"| stage (median of {len(tracked)} tracked frames) | {where} | Python, ai-edge-litert |")
     print("|---|---|---|")
     for s in stages[:-1]:
         print(f"| {s.replace('_', ' ')} | {med[s]:.0f} ms | |")
     print(f"| **per frame** | **{med['total']:.0f} ms** | **{np.median(py_ms):.0f} ms** |")
     print("mask IoU page vs Python per frame: " + " ".join(f"{f}:{v:.5f}" for f, v in ious.items()))
     if args.json:
-        record = {"accel": args.accel, "page_times": page["times"], "python_ms": py_ms, "iou": ious, "medians": med}
+        record = {"accel": args.accel, "encode": args.encode, "page_times": page["times"], "python_ms": py_ms}
+        record |= {"iou": ious, "medians": med}
         args.json.write_text(json.dumps(record, indent=1))
 
 

@@ -107,6 +107,41 @@ def video_bundle_dir(tmp_path_factory, video_checkpoint):
     return get
 
 
+def edgetam_small_video_weights() -> dict:
+    """Perturbed synthetic test-small-edgetam video weights, the object-score head lifted (objects stay present)."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    sd = synthetic_video_state_dict(get_config("test-small-edgetam"), get_video_config("test-small-edgetam"), seed=3)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += 10.0
+    return sd
+
+
+@pytest.fixture(scope="session")
+def edgetam_video_bundle_dir(tmp_path_factory):
+    """target -> a test-small-edgetam fp32 ``--video`` bundle of ``edgetam_small_video_weights()``, exported once
+    per test run (the EdgeTAM export test and the page's tracking test share it)."""
+    from sam2edge.export.pipeline import run_export
+
+    def get(target: str) -> Path:
+        def build(out: Path) -> None:
+            source = {"checkpoint": "synthetic test-small-edgetam", "format": "meta", "sha256": None}
+            run_export(  # batch 0: no batched decoder (segment everything is not under test here)
+                target,
+                "test-small-edgetam",
+                "fp32",
+                out,
+                weights=(edgetam_small_video_weights(), source),
+                clicks=4,
+                video=True,
+                options={"batch": 0},
+            )
+
+        return built_once(tmp_path_factory, f"video-{target}-edgetam", build)
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Debian chromium (Python playwright) with WebGPU on SwiftShader, one per test module."""

@@ -1,9 +1,10 @@
 """In headless Debian chromium (Python playwright, /usr/bin/chromium): the tap-to-segment page and the sweep.
 
-End to end: the page opens a real photo through the file picker, a tap / a dragged box runs the exported
-LiteRT decoder in the browser (LiteRT.js), and the mask drawn on the page's mask layer must equal the
-Python predictor's mask for the same prompt and the same bundle (IoU >= 0.99). Chromium missing is a
-failure, not a skip: CI installs it (scripts/setup.sh).
+End to end: the page opens a real photo through the file picker, the exported LiteRT encoder runs on it in the
+browser and a tap / a dragged box runs the decoder there (LiteRT.js), and the mask drawn on the page's mask layer
+must equal the Python predictor's mask for the same prompt and the same bundle (IoU >= 0.99); with
+``?encode=server`` (and ``?decoder=server``) the server's encoder (and decoder) run instead, as the page says.
+Chromium missing is a failure, not a skip: CI installs it (scripts/setup.sh).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sam2edge.config import TEST_SMALL
 from sam2edge.runtime.backends.litert import CPU_ONLY_FILES
 from sam2edge.runtime.predictor import Sam2Predictor
 from sam2edge.serve.app import App
-from sam2edge.serve.assets import browser_decoder, litertjs_version
+from sam2edge.serve.assets import browser_decoder, browser_encoder, litertjs_version
 from sam2edge.serve.sweep import SweepConfig, sweep_bundle
 from tests.pages import open_ready_page
 
@@ -46,7 +47,10 @@ def predictor(bundle) -> Sam2Predictor:
 def server(bundle, predictor):
     decoder, note = browser_decoder(bundle)
     assert decoder is not None, note
-    srv = App(predictor.backend, decoder, note, provenance=predictor.provenance).make_server("127.0.0.1", 0)
+    app = App(predictor.backend, decoder, note, provenance=predictor.provenance)
+    app.encoder, app.encoder_note = browser_encoder(bundle)
+    assert app.encoder is not None, app.encoder_note
+    srv = app.make_server("127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
@@ -101,6 +105,11 @@ def test_tap_mask_equals_python_predictor(browser, server, predictor, accel, tmp
     try:
         status = page.inner_text("#decoder-status")
         assert "in this browser" in status and accel in status, status
+        video = page.inner_text("#video-status")  # this bundle has no video graphs: said once, nothing else
+        assert "no tracking here" in video and "--video" in video, video
+        encoder = page.inner_text("#encoder-status")
+        assert "encoder: in this browser" in encoder, encoder
+        assert page.evaluate("window.sam2edge.lastEncode.where") == "browser"
         n = decodes(page)
         page.mouse.click(*client_xy(page, 200, 140))
         wait_decode(page, n)
@@ -129,8 +138,11 @@ def test_tap_mask_equals_python_predictor(browser, server, predictor, accel, tmp
 
 
 def test_box_mask_equals_python_predictor(browser, server, predictor, tmp_path):
-    page, logs = open_page(browser, server, "?accel=wasm")
+    """The server's encoder (?encode=server), the decoder in the page."""
+    page, logs = open_page(browser, server, "?accel=wasm&encode=server")
     try:
+        assert "encoder: on the server (fallback: forced by ?encode=server)" in page.inner_text("#encoder-status")
+        assert page.evaluate("window.sam2edge.lastEncode.where") == "server"
         n = decodes(page)
         x0, y0 = client_xy(page, 90, 40)
         x1, y1 = client_xy(page, 380, 290)
@@ -162,6 +174,7 @@ def test_server_fallback_says_so_and_matches(browser, server, predictor):
     page, _ = open_page(browser, server, "?decoder=server")
     try:
         assert "on the server" in page.inner_text("#decoder-status")
+        assert "encoder: on the server" in page.inner_text("#encoder-status")
         n = decodes(page)
         page.mouse.click(*client_xy(page, 200, 140))
         wait_decode(page, n)

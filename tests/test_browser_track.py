@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from sam2edge.checks.fidelity import mask_iou
-from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL
+from sam2edge.config import TEST_SMALL, VIDEO_TEST_SMALL, get_config, get_video_config
 from sam2edge.runtime.video.io import close_writer, open_writer, write_frame
 from sam2edge.runtime.video.masks import fill_holes, stable_single_mask
 from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select_memory
@@ -57,19 +57,39 @@ def clip(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(bundle):
+def edgetam_bundle(edgetam_video_bundle_dir) -> Path:
+    """test-small-edgetam fp32 LiteRT ``--video`` (perturbed synthetic weights, objects kept present): memory slots
+    of 32 perceiver tokens, key RoPE tables, the perceiver's latents as a host table."""
+    return edgetam_video_bundle_dir("litert")
+
+
+def _serve(bundle: Path):
     app = default_app_from_args(str(bundle), None, None)
     assert app.clips is not None, app.tracker_note
     srv = app.make_server("127.0.0.1", 0)
     srv.sam2edge_app = app  # the tests look at what the server loaded
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(bundle):
+    srv = _serve(bundle)
     yield srv
     srv.shutdown()
     srv.server_close()
 
 
-def _open_clip(browser, server, clip: Path, accel: str):
-    url = f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}"
+@pytest.fixture(scope="module")
+def edgetam_server(edgetam_bundle):
+    srv = _serve(edgetam_bundle)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _open_clip(browser, server, clip: Path, accel: str, encode: str = "page"):
+    url = f"http://127.0.0.1:{server.server_address[1]}/?accel={accel}&encode={encode}"
     page, logs = open_ready_page(browser, url, {"width": 900, "height": 800}, TIMEOUT_MS)
     assert page.is_visible("#open-video")
     page.set_input_files("#video-file", str(clip))
@@ -137,9 +157,19 @@ def _replay(bundle: Path, clip: Path, calls: list[dict]) -> tuple[list[dict[int,
     return actions, np.array(final)
 
 
-@pytest.mark.parametrize("accel", ["wasm", "webgpu"])
-def test_tracking_in_the_page_equals_python(browser, server, bundle, clip, accel, tmp_path):
-    page, logs = _open_clip(browser, server, clip, accel)
+@pytest.mark.parametrize(
+    ("model", "accel", "encode"),
+    [("sam2.1", "wasm", "server"), ("sam2.1", "webgpu", "page"), ("edgetam", "wasm", "page")],
+)
+def test_tracking_in_the_page_equals_python(browser, request, clip, model, accel, encode, tmp_path):
+    """SAM 2.1 (IoU >= 0.99 per frame and object) and EdgeTAM (perceiver memory slots, IoU >= 0.999); the frame
+    encoder in the page, or the server's (?encode=server, the fallback)."""
+    prefix = "edgetam_" if model == "edgetam" else ""
+    server, bundle = request.getfixturevalue(prefix + "server"), request.getfixturevalue(prefix + "bundle")
+    iou_min = 0.999 if model == "edgetam" else 0.99
+    page, logs = _open_clip(browser, server, clip, accel, encode)
+    want_status = "frame encoder here" if encode == "page" else "frame encoder on the server"
+    assert want_status in page.inner_text("#status"), page.inner_text("#status")
     try:
         seen: list[dict[int, np.ndarray]] = []  # per page action, frame -> the page's label map
         w, h = SIZE
@@ -165,7 +195,7 @@ def test_tracking_in_the_page_equals_python(browser, server, bundle, clip, accel
         seen.append({4: _page_masks(page, 4)})
         _act(page, lambda: page.click("#track"))
         seen.append({f: _page_masks(page, f) for f in range(FRAMES)})
-        shot = tmp_path / f"serve_track_{accel}.png"
+        shot = tmp_path / f"serve_track_{model}_{accel}.png"
         page.screenshot(path=str(shot))
         print(f"screenshot: {shot}")
         assert page.locator("#stage-times").is_visible()
@@ -179,11 +209,16 @@ def test_tracking_in_the_page_equals_python(browser, server, bundle, clip, accel
     finally:
         page.close()
     assert [c["op"] for c in calls] == ["add", "add", "propagate", "propagate", "add", "propagate", "propagate"]
-    # the server only encodes frames: it never loads the video graphs the page runs
-    assert server.sam2edge_app.clips.predictor.backend.run.loaded() == ()
+    # the server never loads the video graphs the page runs; with the encoder in the page it encodes no frame
+    app = server.sam2edge_app
+    assert app.clips.predictor.backend.run.loaded() == ()
+    encoded_here = list(list(app.clips._clips.values())[-1].state.cache)  # this test's clip (the newest)
+    assert (encoded_here == []) == (encode == "page"), encoded_here
     want, want_lows = _replay(bundle, clip, calls)
     scale = np.abs(want_lows).max()
-    print(f"{accel}: low-res logits max |page - python| {np.abs(lows - want_lows).max():.3g} (scale {scale:.3g})")
+    print(
+        f"{model} {accel}: low-res logits max |page - python| {np.abs(lows - want_lows).max():.3g} (scale {scale:.3g})"
+    )
     assert np.abs(lows - want_lows).max() <= 1e-4 * scale, (np.abs(lows - want_lows).max(), scale)
     assert [sorted(a) for a in want] == [sorted(a) for a in seen]
     present = 0
@@ -192,8 +227,40 @@ def test_tracking_in_the_page_equals_python(browser, server, bundle, clip, accel
             assert got_maps[f].shape == want_maps[f].shape
             for obj, (got, ref) in enumerate(zip(got_maps[f], want_maps[f])):
                 present += bool(0.005 < ref.mean() < 0.995)
-                assert mask_iou(got, ref) >= 0.99, (action, f, obj, mask_iou(got, ref), got.sum(), ref.sum())
+                assert mask_iou(got, ref) >= iou_min, (action, f, obj, mask_iou(got, ref), got.sum(), ref.sum())
     assert present >= 20  # both objects are really tracked on most frames, not empty (or full) on both sides
+
+
+def test_a_video_graph_that_fails_to_load_is_one_message(browser, bundle, clip, tmp_path):
+    """A video graph the page cannot load (damaged after the server opened the bundle): one line in the page naming
+    the file and the fix, nothing uncaught; the page stays usable (a photo opens and a tap decodes)."""
+    folder = tmp_path / "bundle"
+    shutil.copytree(bundle, folder)
+    srv = _serve(folder)
+    try:
+        (folder / "memory_attention.tflite").write_bytes(b"not a flatbuffer" * 64)
+        url = f"http://127.0.0.1:{srv.server_address[1]}/?accel=wasm"
+        page, logs = open_ready_page(browser, url, {"width": 900, "height": 800}, TIMEOUT_MS)
+        try:
+            page.set_input_files("#video-file", str(clip))
+            page.wait_for_function("document.getElementById('status').classList.contains('error')", timeout=TIMEOUT_MS)
+            status = page.inner_text("#status")
+            assert "memory_attention.tflite failed to load" in status and "re-export" in status, status
+            assert "\n" not in status
+            page.select_option("#sample", "chelsea.png")
+            page.wait_for_function("window.sam2edge.image !== null && !window.sam2edge.busy", timeout=TIMEOUT_MS)
+            n = int(page.evaluate("Number(document.body.dataset.decodes || 0)"))
+            r = page.locator("#prompt-layer").bounding_box()
+            page.mouse.click(r["x"] + 0.5 * r["width"], r["y"] + 0.4 * r["height"])
+            page.wait_for_function(f"Number(document.body.dataset.decodes || 0) > {n}", timeout=TIMEOUT_MS)
+            assert not page.evaluate("document.getElementById('status').classList.contains('error')")
+            assert page.evaluate("window.sam2edge.mask !== null")
+        finally:
+            page.close()
+        assert not [line for line in logs if line.startswith("pageerror")], logs
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def _post(server, path: str, body: bytes, session: str) -> tuple[int, dict]:
@@ -223,10 +290,10 @@ def test_video_upload_refusals(server, clip):
 
 
 # ---- tracker.js's host logic vs the Python host (node) ---------------------------------------------------------
-def _memory_case(rng, num_frames: int, dense: bool) -> tuple[ObjectMemory, dict]:
+def _memory_case(rng, num_frames: int, dense: bool, cfg=TEST_SMALL, vcfg=VIDEO_TEST_SMALL) -> tuple[ObjectMemory, dict]:
     """A memory bank with random conditioning / tracked frames (``dense``: every frame has an output, so the
-    slots overflow), as numpy and as JSON for node."""
-    e, m, c = TEST_SMALL.image_embedding_size, VIDEO_TEST_SMALL.mem_dim, TEST_SMALL.d_model
+    slots overflow), as numpy and as JSON for node; memory frames of ``vcfg``'s shape (EdgeTAM: N x M tokens)."""
+    e, c = cfg.image_embedding_size, cfg.d_model
     mem, js = ObjectMemory(), {"cond": [], "nonCond": []}
     frames = rng.permutation(num_frames)
     n_cond = int(rng.integers(1, min(5, num_frames + 1)))
@@ -236,7 +303,7 @@ def _memory_case(rng, num_frames: int, dense: bool) -> tuple[ObjectMemory, dict]
             np.zeros((1, 1, 4 * e, 4 * e), np.float32),
             rng.standard_normal((1, c)).astype(np.float32),
             np.zeros((1, 1), np.float32),
-            rng.standard_normal((1, m, e, e)).astype(np.float32),
+            rng.standard_normal((1, *vcfg.memory_frame_shape(e))).astype(np.float32),
         )
         (mem.cond if i < n_cond else mem.non_cond)[int(f)] = out
         rec = {"frame": int(f), "objPtr": out.obj_ptr.ravel().tolist(), "maskmem": out.maskmem.ravel().tolist()}
@@ -274,21 +341,24 @@ console.log(JSON.stringify(out));
 """
 
 
-def test_tracker_js_selects_memory_as_python(tmp_path):
+@pytest.mark.parametrize("config", ["test-small", "test-small-edgetam"])
+def test_tracker_js_selects_memory_as_python(config, tmp_path):
     """selectMemory vs memory_bank.select_memory: random banks (more frames than slots included), both
-    directions; every slot input, the frames chosen, the dropped count."""
-    cfg, vcfg = TEST_SMALL, VIDEO_TEST_SMALL
+    directions; every slot input, the frames chosen, the dropped count. EdgeTAM: slots of N perceiver tokens."""
+    cfg, vcfg = get_config(config), get_video_config(config)
     rng = np.random.default_rng(5)
     cases, banks = [], []
     for i in range(24):
         num_frames = int(rng.integers(2, 30))
-        mem, js = _memory_case(rng, num_frames, dense=i % 3 == 0)
+        mem, js = _memory_case(rng, num_frames, i % 3 == 0, cfg, vcfg)
         frame, reverse = int(rng.integers(0, num_frames)), bool(i % 2)
         cases.append({"memory": js, "frame": frame, "numFrames": num_frames, "reverse": reverse})
         banks.append((mem, frame, num_frames, reverse))
     e = cfg.image_embedding_size
     v = {"e": e, "M": vcfg.mem_dim, "C": cfg.d_model, "K": vcfg.memory_slots, "P": vcfg.max_obj_ptrs}
     v |= {"numMaskmem": vcfg.num_maskmem, "maxObjPtrs": vcfg.max_obj_ptrs}
+    if vcfg.memory_tokens:
+        v["memoryTokens"] = vcfg.memory_tokens  # absent for SAM 2.1 (the API as before)
     got = _run_node(tmp_path, SELECT_JS, {"cases": cases, "v": v})
     dropped = 0
     for (mem, frame, n, reverse), g in zip(banks, got):

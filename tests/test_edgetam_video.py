@@ -366,30 +366,19 @@ def _bundle_session(pred, folder) -> dict[tuple[str, int], torch.Tensor]:
 @pytest.mark.parametrize(
     "target", ["onnx", "litert", pytest.param("executorch", marks=pytest.mark.slow)]
 )  # executorch: ~130 s of lowering at this config on 2 busy cores
-def test_bundle_tracks_like_eager(target, edgetam_small_weights, tmp_path):
+def test_bundle_tracks_like_eager(target, edgetam_small_weights, edgetam_video_bundle_dir, tmp_path):
     """``export --video`` of EdgeTAM (test-small-edgetam, fp32) is shippable and tracks as eager: per frame and
     object mask IoU >= 0.999 on a clip that is not the export's own. LiteRT: every video graph lint-clean (rank
     <= 4, no banned op) and resident on the GPU delegate (the export's own check, no --allow-dirty)."""
     from sam2edge.bundle import load_card
-    from sam2edge.export.pipeline import run_export
     from sam2edge.runtime.video.backend import EagerVideoBackend
     from sam2edge.runtime.video.bundle import VIDEO_GRAPHS, video_file
     from sam2edge.runtime.video.predictor import Sam2VideoPredictor
     from tests.video_oracles import drifting_clip
 
     cfg, vcfg = get_config("test-small-edgetam"), get_video_config("test-small-edgetam")
-    folder = tmp_path / "bundle"
-    source = {"checkpoint": "synthetic test-small-edgetam", "format": "meta", "sha256": None}
-    card = run_export(  # batch 0: no batched decoder (segment everything is not under test here)
-        target,
-        "test-small-edgetam",
-        "fp32",
-        folder,
-        weights=(edgetam_small_weights, source),
-        clicks=4,
-        video=True,
-        options={"batch": 0},
-    )
+    folder = edgetam_video_bundle_dir(target)  # the export of edgetam_small_weights (shared with the page's test)
+    card = load_card(folder)
     assert card["status"] == "shippable", card["fidelity"].get("failures")
     assert card["fidelity"]["video"]["iou_worst"] >= 0.999
     video = load_card(folder)["extra"]["video"]

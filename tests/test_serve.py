@@ -218,9 +218,12 @@ def test_two_sessions_are_isolated(server):
 def test_server_decode_equals_predictor(server):
     srv, pred = server
     token = session(srv)
-    status, _, body = request(srv, "POST", "/api/images?sample=astronaut.png", b"", {"X-Session": token})
+    # encode=page (the page encodes): no encoder run at upload; /decode encodes it here on first use
+    status, _, body = request(srv, "POST", "/api/images?sample=astronaut.png&encode=page", b"", {"X-Session": token})
     assert status == 200
-    image_id = json.loads(body)["id"]
+    meta = json.loads(body)
+    assert meta["features"] is None and meta["encode_ms"] is None
+    image_id = meta["id"]
     img = photo("astronaut.png")
     h, w = img.shape[:2]
     xy = np.array([[300.0, 180.0]], np.float32)

@@ -1,21 +1,24 @@
 """``sam2edge serve``: the tap-to-segment web app (server side).
 
-The encoder runs here, once per photo, on the chosen backend; the page receives the decoder-ready
-features and runs the decoder itself with LiteRT.js (see ``static/``), or asks ``/decode`` here when it
-cannot. Coordinates sent to ``/decode`` are model-input pixels (X, Y) in [0, S), labels as the backend
-contract (1 fg, 0 bg, 2/3 box corners, -1 pad), in upstream's order (box corners, points, one pad).
+With a LiteRT bundle every model stage runs in the page (LiteRT.js, see ``static/``): the image encoder on each
+photo and clip frame, the decoder per tap, the video graphs while tracking; the server decodes uploads and
+keeps the photos and clips. It encodes (``/features.bin``) and decodes (``/decode``) only as the fallback: a
+bundle without a LiteRT encoder or decoder, a browser that cannot run them, or ``?encode=server`` /
+``?decoder=server`` on the page. Coordinates sent to ``/decode`` are model-input pixels (X, Y) in [0, S), labels
+as the backend contract (1 fg, 0 bg, 2/3 box corners, -1 pad), in upstream's order (box corners, points, one pad).
 
 API (JSON errors ``{"error": ...}`` with a 4xx status):
   GET  /api/info                         model facts, browser decoder assets, limits, samples
   POST /api/session                      -> {"session": token}; send it as ``X-Session`` on every call below
-  POST /api/images[?sample=NAME]         body = photo file -> {"id", "width", "height", "features", "encode_ms"}
+  POST /api/images[?sample=NAME][&encode=page]  body = photo file -> {"id", "width", "height", "features",
+                                         "encode_ms"}; encode=page: no encoder run here (features on demand)
   GET  /api/images/ID/photo.png          the photo as encoded (orientation applied)
   GET  /api/images/ID/features.bin       image_embed | feat_s0 | feat_s1, float32 little-endian, C order
   POST /api/images/ID/decode             {"coords": [[x, y], ...], "labels": [...]} -> masks | iou | single_mask
                                          | single_iou | object_score, float32 little-endian
   POST /api/images/ID/everything[?points_per_side=N]  segment everything (``serve.everything``; offered when
                                          /api/info says ``everything``) -> overlay PNG, header X-Masks
-  POST /api/videos, GET /api/videos/ID/{frame,features}/N   tracking in the page (``serve.clips``; offered when
+  POST /api/videos, GET /api/videos/ID/{frame,pixels,features}/N   tracking in the page (``serve.clips``; offered when
                                          /api/info has ``video``: a LiteRT bundle exported with --video)
 Isolation: image ids are ``secrets.token_urlsafe(16)`` and belong to the session that opened them; any
 other session gets 404 for them, as for an id that never existed.
@@ -24,7 +27,6 @@ other session gets 404 for them, as for an id that never existed.
 from __future__ import annotations
 
 import io
-import json
 import secrets
 import threading
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.checks.fidelity import PHOTOS, photo_path
+from sam2edge.config import config_name
 from sam2edge.errors import UserError
 from sam2edge.extras import NPM_FIX
 from sam2edge.runtime.backends import Backend, Features, has_batched_decoder
@@ -43,18 +46,17 @@ from sam2edge.serve import everything
 from sam2edge.serve.assets import (
     STATIC_DIR,
     BrowserDecoder,
+    BrowserEncoder,
     BrowserTracker,
     litertjs_version,
     node_modules,
     vendor_mounts,
 )
 from sam2edge.serve.clips import Clips
-from sam2edge.serve.uploads import decode_upload, encode_png
+from sam2edge.serve.uploads import MAX_PROMPT_POINTS, decode_upload, encode_png, parse_prompt
 from sam2edge.serve.web import Handler, HttpError, Mounts, WebServer
-from sam2edge.validate import InputError, check_points
 
 FEATURE_ORDER = ("image_embed", "feat_s0", "feat_s1")
-MAX_PROMPT_POINTS = 64
 BUSY_WAIT_S = 20.0  # an upload waits this long for a decode slot, then gets 503
 
 
@@ -72,8 +74,8 @@ class Photo:
     session: str
     png: bytes  # the photo as encoded (orientation applied), PNG
     hw: tuple[int, int]
-    features: Features
-    features_bin: bytes  # image_embed | feat_s0 | feat_s1, float32 little-endian
+    features: Features | None  # None until the server encodes it (the page encodes with encode=page)
+    features_bin: bytes  # image_embed | feat_s0 | feat_s1, float32 little-endian (b"" while features is None)
 
 
 class App:
@@ -98,6 +100,8 @@ class App:
         self._lock = threading.Lock()  # guards the dicts
         self._model_lock = threading.Lock()  # one encode / decode at a time (2 cores; backends are not re-entrant)
         self.stored = None  # serve.stored.StoredImages when serving a store of embeddings (--embeddings)
+        self.encoder: BrowserEncoder | None = None  # the encoder the page runs (a LiteRT bundle's)
+        self.encoder_note = "serve a LiteRT bundle (serve --model DIR) to encode in the page"
         self.tracker: BrowserTracker | None = None  # the video graphs the page tracks with (enable_tracking)
         self.clips: Clips | None = None
         self.tracker_note = "serve a LiteRT bundle exported with --video to track videos in the page"
@@ -133,6 +137,7 @@ class App:
         synthetic = source.get("checkpoint") == "synthetic"
         return {
             "resolution": cfg.image_size,
+            "model": str(self.provenance.get("config") or config_name(cfg)),  # the page's title
             "embed_size": e,
             "mask_side": 4 * e,
             "d_model": cfg.d_model,
@@ -141,6 +146,8 @@ class App:
             "synthetic_weights": synthetic,
             "decoder": self.decoder.describe("/model/") if (self.decoder and self.nm) else None,
             "decoder_note": self.decoder_note,
+            "encoder": self.encoder.describe("/model/") if (self.encoder and self.nm) else None,
+            "encoder_note": self.encoder_note,
             "litertjs_version": litertjs_version(self.nm) if self.nm else None,
             "limits": {
                 "max_upload_mb": self.limits.max_upload_bytes / 1e6,
@@ -190,28 +197,43 @@ class App:
             raise HttpError(404, "no such image (it may have expired); open the photo again")
         return photo
 
-    def add_photo(self, session: str, rgb: np.ndarray, feats: Features | None = None) -> tuple[str, Photo, float]:
-        """Encode ``rgb`` (HxWx3 uint8; or take its stored ``feats``: no encoder run) and keep it under a
-        fresh id -> (id, photo, encode milliseconds)."""
+    def add_photo(
+        self, session: str, rgb: np.ndarray, feats: Features | None = None, encode: bool = True
+    ) -> tuple[str, Photo, float]:
+        """Encode ``rgb`` (HxWx3 uint8; or take its stored ``feats``: no encoder run; ``encode`` False: the page
+        encodes it, the server only when asked) and keep it under a fresh id -> (id, photo, encode milliseconds)."""
         t0 = time.perf_counter()
-        if feats is None:
-            x = preprocess(rgb, self.backend.cfg.image_size).numpy()  # 1x3xSxS
-            with self._model_lock:
-                feats = self.backend.encode(x)
+        photo = Photo(session, encode_png(rgb), rgb.shape[:2], feats, b"")
+        if feats is not None or encode:
+            self._features(photo, rgb)
         ms = (time.perf_counter() - t0) * 1e3
-        parts = [np.ascontiguousarray(getattr(feats, k), dtype="<f4").tobytes() for k in FEATURE_ORDER]
         image_id = secrets.token_urlsafe(16)
-        photo = Photo(session, encode_png(rgb), rgb.shape[:2], feats, b"".join(parts))
         with self._lock:
             self._photos[image_id] = photo
             while len(self._photos) > self.limits.max_images:
                 self._photos.popitem(last=False)
         return image_id, photo, ms
 
+    def _features(self, photo: Photo, rgb: np.ndarray | None = None) -> Features:
+        """The photo's features, encoded here on first use (``rgb``: its pixels, else read back from the PNG)."""
+        if photo.features is None:
+            if rgb is None:
+                from PIL import Image
+
+                rgb = np.asarray(Image.open(io.BytesIO(photo.png)).convert("RGB"))
+            x = preprocess(rgb, self.backend.cfg.image_size).numpy()  # 1x3xSxS
+            with self._model_lock:
+                photo.features = self.backend.encode(x)
+        if not photo.features_bin:
+            parts = [np.ascontiguousarray(getattr(photo.features, k), dtype="<f4").tobytes() for k in FEATURE_ORDER]
+            photo.features_bin = b"".join(parts)
+        return photo.features
+
     # ---- routes ---------------------------------------------------------------------------
     def _post_image(self, h: Handler, path: str, query: dict) -> None:
         session = self._session(h)
         sample, stored, feats = (query.get("sample") or [None])[0], (query.get("stored") or [None])[0], None
+        encode = (query.get("encode") or ["server"])[0] != "page"  # page: the page runs the encoder
         if stored is not None and self.stored is not None:
             rgb, feats = self.stored.load(stored)
             image_id, photo, ms = self.add_photo(session, rgb, feats)
@@ -221,13 +243,13 @@ class App:
             if int(h.headers.get("Content-Length") or 0):
                 h.read_body(1024)
             rgb = load_image(photo_path(sample))
-            image_id, photo, ms = self.add_photo(session, rgb)
+            image_id, photo, ms = self.add_photo(session, rgb, encode=encode)
         else:
             if not self._decode_slots.acquire(timeout=BUSY_WAIT_S):
                 raise HttpError(503, "the server is busy decoding other photos; try again in a moment")
             try:  # the upload, its pixels and their encoding: at most max_decodes at once
                 rgb = decode_upload(h.read_body(self.limits.max_upload_bytes), self.limits.max_pixels)
-                image_id, photo, ms = self.add_photo(session, rgb)
+                image_id, photo, ms = self.add_photo(session, rgb, encode=encode)
             finally:
                 self._decode_slots.release()
         h.send_json(
@@ -235,8 +257,10 @@ class App:
                 "id": image_id,
                 "width": int(rgb.shape[1]),
                 "height": int(rgb.shape[0]),
-                "features": {k: list(getattr(photo.features, k).shape) for k in FEATURE_ORDER},
-                "encode_ms": round(ms, 1),
+                "features": {k: list(getattr(photo.features, k).shape) for k in FEATURE_ORDER}
+                if photo.features is not None
+                else None,
+                "encode_ms": round(ms, 1) if photo.features is not None else None,
             }
         )
 
@@ -252,6 +276,7 @@ class App:
         if part == "photo.png":
             h.send_body(200, photo.png, "image/png")
         elif part == "features.bin":
+            self._features(photo)
             h.send_body(200, photo.features_bin, "application/octet-stream")
         else:
             raise HttpError(404, f"no such image part {part[:40]!r}; use photo.png or features.bin")
@@ -264,9 +289,10 @@ class App:
         if part == "everything":
             return self._everything(h, photo, query)
         coords, labels = parse_prompt(h.read_body(64_000), self.backend.cfg.image_size)
+        feats = self._features(photo)  # before the model lock: encoding takes it
         try:
             with self._model_lock:
-                out = self.backend.decode(photo.features, coords, labels, None)
+                out = self.backend.decode(feats, coords, labels, None)
         except (UserError, ValueError) as e:  # e.g. more points than the bundle's prompt slots
             raise HttpError(400, str(e).splitlines()[0][:200]) from None
         arrays = (out.masks, out.iou, out.single_mask, out.single_iou, out.object_score)
@@ -280,8 +306,9 @@ class App:
         try:
             side = everything.points_per_side(query)
             rgb = np.asarray(Image.open(io.BytesIO(photo.png)).convert("RGB"))
+            feats = self._features(photo, rgb)  # before the model lock: encoding takes it
             with self._model_lock:
-                png, count = everything.segment_everything(self.backend, rgb, photo.features, side)
+                png, count = everything.segment_everything(self.backend, rgb, feats, side)
         except (UserError, ValueError) as e:
             raise HttpError(400, str(e).splitlines()[0][:200]) from None
         h.send_body(200, png, "image/png", {"X-Masks": str(count)})
@@ -302,39 +329,25 @@ class App:
 
     def _get_video_part(self, h: Handler, path: str, query: dict) -> None:
         parts = path[len("/api/videos/") :].split("/")
-        if self.clips is None or len(parts) != 3 or parts[1] not in ("frame", "features"):
-            raise HttpError(404, f"no such page: {path[:80]}; use /api/videos/ID/frame/N or .../features/N")
+        if self.clips is None or len(parts) != 3 or parts[1] not in ("frame", "pixels", "features"):
+            use = "/api/videos/ID/frame/N, .../pixels/N or .../features/N"
+            raise HttpError(404, f"no such page: {path[:80]}; use {use}")
         clip = self.clips.get(self._session(h), parts[0])
         index = self.clips.frame_index(clip, parts[2])
         if parts[1] == "frame":
             h.send_body(200, clip.jpegs[index], "image/jpeg")
+        elif parts[1] == "pixels":
+            h.send_body(200, self.clips.pixels(clip, index), "application/octet-stream")
         else:
             h.send_body(200, self.clips.features(clip, index), "application/octet-stream")
 
     def _get_model_file(self, h: Handler, path: str, query: dict) -> None:
         name = path[len("/model/") :]
-        owner = next((a for a in (self.decoder, self.tracker) if a is not None and name in a.files), None)
+        assets = (self.encoder, self.decoder, self.tracker)
+        owner = next((a for a in assets if a is not None and name in a.files), None)
         if owner is None:
             raise HttpError(404, f"no such model file {name[:60]!r}")
         h.send_file(owner.folder / name)
-
-
-def parse_prompt(body: bytes, image_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """JSON {"coords": [[x, y], ...], "labels": [...]} -> (coords 1xNx2 float32, labels 1xN float32)."""
-    try:
-        obj = json.loads(body)
-        raw_coords, raw_labels = obj["coords"], obj["labels"]
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
-        raise HttpError(400, 'the prompt must be JSON {"coords": [[x, y], ...], "labels": [...]}') from None
-    try:
-        coords, labels = check_points(raw_coords, raw_labels)
-    except InputError as e:
-        raise HttpError(400, str(e)) from None
-    if not 1 <= len(labels) <= MAX_PROMPT_POINTS:
-        raise HttpError(400, f"give 1..{MAX_PROMPT_POINTS} coords with one label each")
-    if (coords < 0).any() or (coords > image_size).any():
-        raise HttpError(400, f"coords are model-input pixels and must lie in [0, {image_size}]")
-    return coords[None], labels[None]
 
 
 def serve_forever(app: App, host: str, port: int, open_message: bool = True) -> None:
@@ -351,12 +364,15 @@ def default_app_from_args(model: str | None, checkpoint: str | None, config: str
     """--model DIR (encoder from the bundle's runtime, decoder in the browser) or eager weights (server decode)."""
     from sam2edge.config import CONFIGS
     from sam2edge.runtime.predictor import Sam2Predictor
-    from sam2edge.serve.assets import browser_decoder
+    from sam2edge.serve.assets import browser_decoder, browser_encoder
 
     if model:
         pred = Sam2Predictor.from_export(Path(model))
         decoder, note = browser_decoder(Path(model))
         app = App(pred.backend, decoder, note, provenance=pred.provenance)
+        app.encoder, app.encoder_note = browser_encoder(Path(model))
+        if app.encoder is not None and app.nm is None:
+            app.encoder_note = app.decoder_note  # LiteRT.js is not installed
         enable_bundle_tracking(app, Path(model))
         return app
     pred = Sam2Predictor.from_checkpoint(checkpoint, CONFIGS[config] if config else None)  # None: size from weights

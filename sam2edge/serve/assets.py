@@ -1,5 +1,8 @@
 """What the browser needs from a bundle, and where the pinned front-end runtime lies.
 
+Browser encoder of a LiteRT bundle: the artifact with role "encoder" (``BrowserEncoder``; the page runs it on
+each photo and clip frame unless it falls back to the server's).
+
 Browser decoder assets of a LiteRT bundle (card.json ``target`` "litert"):
   decoder   the artifact with role "decoder" (a .tflite; TokenDecoderGraph contract)
             inputs  image_embeddings 1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e,
@@ -83,6 +86,42 @@ def browser_decoder(bundle: Path) -> tuple[BrowserDecoder | None, str]:
     return BrowserDecoder(bundle, decoders[0], tables, inputs, outputs), ""
 
 
+ENCODER_INPUTS = ("image",)
+ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")
+
+
+@dataclass
+class BrowserEncoder:
+    """The bundle's image encoder for the page (LiteRT.js): image 1x3xSxS (preprocessed) -> image_embeddings
+    1xCxexe, feat_s0 1x(C/8)x4ex4e, feat_s1 1x(C/4)x2ex2e; I/O names in tensor order."""
+
+    folder: Path
+    encoder: str
+    inputs: tuple[str, ...] = ENCODER_INPUTS
+    outputs: tuple[str, ...] = ENCODER_OUTPUTS
+    files: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.files = {self.encoder}
+
+    def describe(self, url_prefix: str) -> dict:
+        return {"url": url_prefix + self.encoder, "inputs": list(self.inputs), "outputs": list(self.outputs)}
+
+
+def browser_encoder(bundle: Path) -> tuple[BrowserEncoder | None, str]:
+    """(encoder assets, "") for a LiteRT bundle whose encoder the page can run, else (None, reason in one line)."""
+    bundle = Path(bundle)
+    card = _read_card(bundle)
+    arts = {a.get("file"): a.get("role", "") for a in card.get("artifacts", []) if isinstance(a, dict)}
+    encoders = [f for f, r in arts.items() if r == "encoder" and str(f).endswith(".tflite")]
+    if not encoders or not (bundle / encoders[0]).is_file():
+        return None, f"the bundle {bundle.name} has no LiteRT encoder (.tflite)"
+    inputs, outputs = _io_order(card.get("extra") or {}, encoders[0], ENCODER_INPUTS, ENCODER_OUTPUTS)
+    if sorted(inputs) != sorted(ENCODER_INPUTS) or sorted(outputs) != sorted(ENCODER_OUTPUTS):
+        return None, f"the encoder I/O in {bundle.name}/card.json is not image -> {', '.join(ENCODER_OUTPUTS)}"
+    return BrowserEncoder(bundle, encoders[0], inputs, outputs), ""
+
+
 def _io_order(
     extra: dict, graph: str, inputs: tuple[str, ...], outputs: tuple[str, ...]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -103,12 +142,18 @@ def _io_order(
 
 @dataclass
 class BrowserTracker:
-    """The video graphs and tables the page tracks with (a LiteRT bundle exported with ``--video``)."""
+    """The video graphs and tables the page tracks with (a LiteRT bundle exported with ``--video``).
+
+    The graphs' inputs are the bundle's own (``runtime.video.bundle.graph_io`` of its video config): SAM 2.1's
+    memory slots are M x e x e spatial maps and its memory encoder takes the object score; EdgeTAM's slots are
+    N = L + G*G perceiver tokens of M channels, its memory attention takes no pointer positions but the key RoPE
+    tables, its memory encoder takes the perceiver's latents (``tables["latents"]``) instead of the score."""
 
     folder: Path
     graphs: dict[str, dict]  # role -> {"file", "inputs", "outputs"} (I/O names in tensor order)
-    tables: dict[str, str]  # "const" -> video_const.bin, "rope" -> rope_tables.bin
+    tables: dict[str, str]  # "const" -> video_const.bin, "rope" -> rope_tables.bin [, "latents" -> ...]
     video: dict  # card.json extra.video (config, num_tokens, slot layout)
+    memory_tokens: int | None = None  # tokens of one memory slot after the perceiver (N); None: e*e spatial
     files: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -120,30 +165,41 @@ class BrowserTracker:
             "tables": {k: url_prefix + v for k, v in self.tables.items()},
             "config": self.video.get("config", {}),
             "num_tokens": self.video.get("num_tokens"),
+            # rope_tables.bin: cos | sin of the frame grid [e*e, C], then (key_rows > 0) cos_k | sin_k [N, C]
+            "memory_tokens": self.memory_tokens,
+            "rope_key_rows": self.memory_tokens if "rope_cos_k" in self.graphs["memory-attention"]["inputs"] else 0,
         }
 
 
 def browser_tracker(bundle: Path) -> tuple[BrowserTracker | None, str]:
     """(tracking assets, "") for a LiteRT bundle with video graphs, else (None, reason in one line)."""
-    from sam2edge.runtime.video.bundle import CONST_FILE, ROPE_FILE, VIDEO_GRAPHS
+    from sam2edge.config import Sam2VideoConfig
+    from sam2edge.runtime.video.bundle import CONST_FILE, LATENTS_FILE, ROPE_FILE, VIDEO_GRAPHS, graph_io
 
     bundle = Path(bundle)
     card = _read_card(bundle)
     extra = card.get("extra") or {}
     if card.get("target") != "litert" or not isinstance(extra.get("video"), dict):
         return None, f"the bundle {bundle.name} has no LiteRT video graphs (export it with --target litert --video)"
+    try:
+        vcfg = Sam2VideoConfig(**extra["video"].get("config", {}))
+    except TypeError as e:
+        return None, f"the video config in {bundle.name}/card.json is not this version's ({e}); re-export with --video"
     graphs = {}
-    for role, (stem, ins, outs) in VIDEO_GRAPHS.items():
+    for role in VIDEO_GRAPHS:
+        stem, ins, outs = graph_io(role, vcfg)
         file = stem + ".tflite"
         inputs, outputs = _io_order(extra, file, ins, outs)
         if not (bundle / file).is_file() or sorted(inputs) != sorted(ins) or sorted(outputs) != sorted(outs):
             return None, f"the bundle {bundle.name} lacks {file} with its card I/O; re-export it with --video"
         graphs[role] = {"file": file, "inputs": list(inputs), "outputs": list(outputs)}
     tables = {"const": CONST_FILE, "rope": ROPE_FILE}
+    if "latents" in graphs["memory-encoder"]["inputs"]:
+        tables["latents"] = LATENTS_FILE
     missing = [f for f in tables.values() if not (bundle / f).is_file()]
     if missing:
         return None, f"the bundle {bundle.name} lacks {missing[0]}; re-export it with --video"
-    return BrowserTracker(bundle, graphs, tables, extra["video"]), ""
+    return BrowserTracker(bundle, graphs, tables, extra["video"], vcfg.memory_tokens), ""
 
 
 def node_modules() -> Path | None:

@@ -9,6 +9,8 @@ tracking in Python, so the page and ``Sam2VideoPredictor.from_export`` see the s
 API (X-Session as for photos):
   POST /api/videos                    body = video file -> {"id", "width", "height", "num_frames", "fps"}
   GET  /api/videos/ID/frame/N         frame N as a JPEG at video resolution (for display)
+  GET  /api/videos/ID/pixels/N        frame N at model resolution, S x S x 3 uint8 RGB (as init_state resizes it:
+                                      the page's frame encoder input, before /255 and the ImageNet mean/std)
   GET  /api/videos/ID/features/N      vision | feat_s0 | feat_s1 of frame N, float32 little-endian, C order
                                       (vision without no_mem_embed, as ``VideoBackend.encode_frame``)
 """
@@ -116,6 +118,10 @@ class Clips:
             return parse_index("frame", text, n)
         except InputError:
             raise HttpError(404, f"no frame {text[:20]!r}; the video has frames 0..{n - 1}") from None
+
+    def pixels(self, clip: Clip, index: int) -> bytes:
+        """Frame ``index`` as the frame encoder sees it before normalisation: S x S x 3 uint8 RGB bytes."""
+        return np.ascontiguousarray(clip.state.frames[index], dtype=np.uint8).tobytes()
 
     def features(self, clip: Clip, index: int) -> bytes:
         """Frame ``index`` through the bundle's frame encoder: vision | feat_s0 | feat_s1 as float32 LE bytes."""

@@ -1,4 +1,4 @@
-"""Uploaded photos -> HxWx3 uint8 RGB, with limits checked *before* pixels are decoded.
+"""Uploaded photos -> HxWx3 uint8 RGB, with limits checked *before* pixels are decoded; a posted prompt -> arrays.
 
 Refusals (``HttpError``, one line each): a body that is not a PNG/JPEG/WebP/BMP/GIF/TIFF (415), a
 header announcing more than ``max_pixels`` pixels (413: a decompression bomb is refused from its
@@ -8,6 +8,7 @@ header, never decoded), a truncated or corrupt file (400).
 from __future__ import annotations
 
 import io
+import json
 import warnings
 
 import numpy as np
@@ -15,9 +16,11 @@ from PIL import Image, UnidentifiedImageError
 
 from sam2edge.runtime.preprocess import to_rgb_array
 from sam2edge.serve.web import HttpError
+from sam2edge.validate import InputError, check_points
 
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 GUARD = "(decompression bomb guard); downscale it or strip its metadata first"
+MAX_PROMPT_POINTS = 64
 MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")
 
 
@@ -82,3 +85,21 @@ def encode_png(rgb: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
+
+
+def parse_prompt(body: bytes, image_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """JSON {"coords": [[x, y], ...], "labels": [...]} -> (coords 1xNx2 float32, labels 1xN float32)."""
+    try:
+        obj = json.loads(body)
+        raw_coords, raw_labels = obj["coords"], obj["labels"]
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
+        raise HttpError(400, 'the prompt must be JSON {"coords": [[x, y], ...], "labels": [...]}') from None
+    try:
+        coords, labels = check_points(raw_coords, raw_labels)
+    except InputError as e:
+        raise HttpError(400, str(e)) from None
+    if not 1 <= len(labels) <= MAX_PROMPT_POINTS:
+        raise HttpError(400, f"give 1..{MAX_PROMPT_POINTS} coords with one label each")
+    if (coords < 0).any() or (coords > image_size).any():
+        raise HttpError(400, f"coords are model-input pixels and must lie in [0, {image_size}]")
+    return coords[None], labels[None]

@@ -1,7 +1,9 @@
-// The tap-to-segment page: photo -> server encoder (once) -> features here -> decoder per tap in the browser
-// (LiteRT.js), or on the server when the browser cannot run it. Query options: ?accel=wasm|webgpu,
-// ?decoder=server (force the server decode).
+// The tap-to-segment page: photo -> encoder (once) -> decoder per tap, both in the browser (LiteRT.js); the server
+// encodes or decodes only as the fallback (a bundle without those LiteRT graphs, a browser that cannot run them).
+// The page says where each runs. Query options: ?accel=wasm|webgpu, ?encode=server (the server's encoder),
+// ?decoder=server (the server's decoder, and then its encoder too).
 import * as lrt from './litert.js';
+import { encodeImage, preprocess } from './encoder.js';
 import { setUpEverything } from './everything.js';
 import { setUpTracking } from './track.js';
 import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
@@ -19,6 +21,7 @@ const state = {
   history: [], // snapshots for undo
   mask: null, // Uint8Array h*w of the drawn mask
   decoder: null, // {where: 'browser'|'server', model, accelerator, tables, numTokens, dense}
+  encoder: null, // {where: 'browser'|'server', model, accelerator, inputs, outputs | reason}
   busy: false,
   lastDecode: null,
 };
@@ -46,7 +49,9 @@ async function api(path, opts = {}) {
 }
 
 async function fetchF32(url) {
-  return new Float32Array(await (await fetch(url)).arrayBuffer());
+  const res = await fetch(url);
+  if (!res.ok) throw new Error(`${url.split('/').pop()} failed to load (HTTP ${res.status})`);
+  return new Float32Array(await res.arrayBuffer());
 }
 
 // ---- decoder set-up -------------------------------------------------------------------------------
@@ -85,6 +90,72 @@ async function setUpDecoder() {
   $('decoder-status').textContent = `decoder: on the server (fallback: ${state.decoder.reason})`;
 }
 
+// The image encoder in the page, on the decoder's accelerator (wasm when WebGPU refuses it); else the server's.
+async function setUpEncoder() {
+  const info = state.info;
+  const why = [];
+  if (params.get('encode') === 'server') why.push('forced by ?encode=server');
+  if (!info.encoder) why.push(info.encoder_note || 'the bundle has no LiteRT encoder');
+  if (state.decoder.where !== 'browser') why.push('the decoder runs on the server');
+  if (!why.length) {
+    let accel = state.decoder.accelerator;
+    try {
+      let model;
+      try {
+        model = await lrt.compile(info.encoder.url, accel);
+      } catch (e) {
+        if (accel === 'wasm') throw e;
+        accel = 'wasm'; // the WebGPU delegate refused it
+        model = await lrt.compile(info.encoder.url, accel);
+      }
+      state.encoder = { where: 'browser', model, accelerator: accel, inputs: info.encoder.inputs, outputs: info.encoder.outputs };
+      $('encoder-status').textContent = `encoder: in this browser · ${accel}`;
+      return;
+    } catch (e) {
+      why.push(`LiteRT.js could not run the encoder here: ${e.message || e}`);
+    }
+  }
+  state.encoder = { where: 'server', reason: why.join('; ') };
+  $('encoder-status').textContent = `encoder: on the server (fallback: ${state.encoder.reason})`;
+}
+
+// The photo the server holds (its PNG: orientation applied, alpha over white) -> features, encoded here.
+async function encodeHere(photoBlob, meta) {
+  const bmp = await createImageBitmap(photoBlob, { premultiplyAlpha: 'none', colorSpaceConversion: 'none' });
+  const c = document.createElement('canvas');
+  c.width = bmp.width;
+  c.height = bmp.height;
+  const ctx = c.getContext('2d', { willReadFrequently: true });
+  ctx.drawImage(bmp, 0, 0);
+  const { data } = ctx.getImageData(0, 0, c.width, c.height);
+  const t0 = performance.now();
+  const x = preprocess(data, meta.width, meta.height, state.info.resolution);
+  const errorsBefore = lrt.gpuErrors.length;
+  let out = await encodeImage(state.encoder, x);
+  if (lrt.gpuErrors.length > errorsBefore) {
+    // WebGPU failed: its outputs are zeros, not features; the encoder moves to wasm
+    state.encoder.model = await lrt.compile(state.info.encoder.url, 'wasm');
+    state.encoder.accelerator = 'wasm';
+    $('encoder-status').textContent = `encoder: in this browser · wasm (WebGPU failed here: ${lrt.gpuErrors[errorsBefore]})`;
+    out = await encodeImage(state.encoder, x);
+  }
+  state.lastEncode = { ms: performance.now() - t0, where: 'browser', accelerator: state.encoder.accelerator };
+  return { image_embed: out.image_embeddings, feat_s0: out.feat_s0, feat_s1: out.feat_s1 };
+}
+
+async function serverFeatures(meta) {
+  const featBuf = await (await api(`/api/images/${meta.id}/features.bin`)).arrayBuffer();
+  const features = {};
+  let offset = 0;
+  for (const k of ['image_embed', 'feat_s0', 'feat_s1']) {
+    const n = meta.features[k].reduce((a, b) => a * b, 1);
+    features[k] = new Float32Array(featBuf, offset * 4, n);
+    offset += n;
+  }
+  state.lastEncode = { ms: meta.encode_ms, where: 'server' };
+  return features;
+}
+
 // ---- photos ---------------------------------------------------------------------------------------
 async function openPhoto(body, sample) {
   if (state.busy) return;
@@ -92,19 +163,12 @@ async function openPhoto(body, sample) {
   setStatus(sample ? `encoding ${sample}…` : 'uploading and encoding…');
   try {
     const [kind, name] = sample && sample.startsWith('stored:') ? ['stored', sample.slice(7)] : ['sample', sample];
-    const url = sample ? `/api/images?${kind}=${encodeURIComponent(name)}` : '/api/images';
+    const here = state.encoder.where === 'browser';
+    const query = [sample ? `${kind}=${encodeURIComponent(name)}` : '', here ? 'encode=page' : ''].filter(Boolean);
+    const url = `/api/images${query.length ? `?${query.join('&')}` : ''}`;
     const meta = await (await api(url, { method: 'POST', body: body || '' })).json();
-    const [photoBlob, featBuf] = await Promise.all([
-      api(`/api/images/${meta.id}/photo.png`).then((r) => r.blob()),
-      api(`/api/images/${meta.id}/features.bin`).then((r) => r.arrayBuffer()),
-    ]);
-    const features = {};
-    let offset = 0;
-    for (const k of ['image_embed', 'feat_s0', 'feat_s1']) {
-      const n = meta.features[k].reduce((a, b) => a * b, 1);
-      features[k] = new Float32Array(featBuf, offset * 4, n);
-      offset += n;
-    }
+    const photoBlob = await (await api(`/api/images/${meta.id}/photo.png`)).blob();
+    const features = meta.features ? await serverFeatures(meta) : await encodeHere(photoBlob, meta);
     const img = $('photo');
     const loaded = new Promise((resolve, reject) => {
       img.onload = resolve;
@@ -120,7 +184,9 @@ async function openPhoto(body, sample) {
     }
     $('placeholder').hidden = true;
     resetPrompts();
-    setStatus(`${meta.width}x${meta.height} photo · encoder (${state.info.encoder_backend}, server) ${meta.encode_ms} ms`);
+    const enc = state.lastEncode;
+    const where = enc.where === 'browser' ? `this browser, ${enc.accelerator}` : `${state.info.encoder_backend}, server`;
+    setStatus(`${meta.width}x${meta.height} photo · encoder (${where}) ${Number(enc.ms).toFixed(1)} ms`);
   } catch (e) {
     setStatus(`could not open the photo: ${e.message}`, true);
   } finally {
@@ -382,6 +448,7 @@ async function main() {
     setStatus(`the server did not answer: ${e.message}`, true);
     return;
   }
+  document.querySelector('h1 span').textContent = `${state.info.model} · ${state.info.resolution} px · tap to segment`;
   for (const s of [...state.info.samples, ...(state.info.stored || []).map((n) => `stored:${n}`)]) {
     const o = document.createElement('option');
     o.value = s;
@@ -395,6 +462,8 @@ async function main() {
   }
   setStatus('setting up the decoder…');
   await setUpDecoder();
+  setStatus('setting up the encoder…');
+  await setUpEncoder();
   setUpEverything(state, api, setStatus);
   setUpTracking(state, api, setStatus);
   setStatus('ready: open or drop a photo, or pick a sample');

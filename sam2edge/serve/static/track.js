@@ -1,18 +1,23 @@
 // Tracking a short video in the page, offered when /api/info has `video` (a LiteRT bundle exported with --video).
-// The server decodes the upload and runs the bundle's frame encoder when this page asks for a frame; the memory
-// attention, the video decoder and the memory encoder run here with LiteRT.js, and tracker.js (the port of
-// Sam2VideoPredictor and its memory bank) keeps every object's memory. Left click: object point on the shown
+// The server decodes the upload and resizes its frames (Sam2VideoPredictor.init_state); every model stage runs
+// here with LiteRT.js: the frame encoder (app.js's, on the frame's S x S pixels; the server's encoder only as the
+// fallback, see app.js), the memory attention, the video decoder and the memory encoder, and tracker.js (the
+// port of Sam2VideoPredictor and its memory bank) keeps every object's memory. The graphs' inputs are the
+// bundle's own (SAM 2.1 or EdgeTAM: /api/info's video.graphs). Left click: object point on the shown
 // frame, right click or Alt+click: background point, drag: box; "Track" propagates every object through the clip.
 import * as lrt from './litert.js';
 import { encodePoints, upsampleMask } from './sam.js';
 import { Tracker, TrackingError } from './tracker.js';
+import { encodeImage, normalizeFrame, visionOf } from './encoder.js';
 
 const $ = (id) => document.getElementById(id);
 const COLOURS = [[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48], [145, 30, 180]];
 const STAGES = ['features', 'memory_attention', 'decoder', 'memory_encoder'];
 
 async function fetchF32(url) {
-  return new Float32Array(await (await fetch(url)).arrayBuffer());
+  const res = await fetch(url);
+  if (!res.ok) throw new Error(`${url.split('/').pop()} failed to load (HTTP ${res.status}); re-export the bundle with --video`);
+  return new Float32Array(await res.arrayBuffer());
 }
 
 // The three video graphs on one accelerator, with per-stage timings of the frame being tracked.
@@ -25,17 +30,43 @@ async function loadGraphs(info, accel, setStatus) {
     try {
       model = await lrt.compile(g.url, accel);
     } catch (e) {
-      if (accel === 'wasm') throw e;
+      if (accel === 'wasm') throw new Error(`${g.file} failed to load (${e.message || e}); re-export the bundle with --video`);
       return loadGraphs(info, 'wasm', setStatus); // the WebGPU delegate refused it: every graph on wasm
     }
     graphs[role] = { ...g, model };
   }
-  const c = info.d_model;
-  const constants = await fetchF32(vi.tables.const); // no_mem_embed [C] | no_obj_ptr [C] | mask downsampler
-  const rope = await fetchF32(vi.tables.rope); // cos [HW, C] | sin [HW, C]
   const tables = {};
   for (const [k, url] of Object.entries(info.decoder.tables)) tables[k] = await fetchF32(url);
-  return { graphs, accel, tables, noMemEmbed: constants.slice(0, c), ropeCos: rope.subarray(0, rope.length / 2), ropeSin: rope.subarray(rope.length / 2) };
+  return { graphs, accel, tables, ...(await videoTables(vi, info.d_model, info.embed_size)) };
+}
+
+// The host tables of the video graphs, checked against the bundle's layout: video_const.bin (no_mem_embed [C] |
+// no_obj_ptr [C] | mask downsampler), rope_tables.bin (cos | sin [e*e, C], then EdgeTAM's key tables cos_k |
+// sin_k [N, C]) and EdgeTAM's perceiver latents [N, M] (the memory encoder's input).
+export async function videoTables(vi, c, e) {
+  const constants = await fetchF32(vi.tables.const);
+  const rope = await fetchF32(vi.tables.rope);
+  const hw = e * e * c;
+  const kw = (vi.rope_key_rows || 0) * c;
+  if (rope.length !== 2 * (hw + kw)) {
+    throw new Error(`rope_tables.bin holds ${rope.length} floats, expected ${2 * (hw + kw)}; re-export the bundle with --video`);
+  }
+  const out = {
+    noMemEmbed: constants.slice(0, c),
+    ropeCos: rope.subarray(0, hw),
+    ropeSin: rope.subarray(hw, 2 * hw),
+    ropeCosK: rope.subarray(2 * hw, 2 * hw + kw),
+    ropeSinK: rope.subarray(2 * hw + kw),
+    latents: null,
+  };
+  if (vi.tables.latents) {
+    out.latents = await fetchF32(vi.tables.latents);
+    const want = vi.memory_tokens * vi.config.mem_dim;
+    if (out.latents.length !== want) {
+      throw new Error(`perceiver_latents.bin holds ${out.latents.length} floats, expected ${want}; re-export the bundle with --video`);
+    }
+  }
+  return out;
 }
 
 async function run(g, named, times, stage) {
@@ -56,7 +87,7 @@ function graphProtocol(rt, info, times) {
   const g = rt.graphs;
   return {
     async memoryAttention(vision, inputs) {
-      const named = { vision, ...inputs, rope_cos: rt.ropeCos, rope_sin: rt.ropeSin };
+      const named = { vision, ...inputs, rope_cos: rt.ropeCos, rope_sin: rt.ropeSin, rope_cos_k: rt.ropeCosK, rope_sin_k: rt.ropeSinK };
       return (await run(g['memory-attention'], named, times, 'memory_attention')).pix_feat;
     },
     async decode(pix, feats, coords, labels, maskInput) {
@@ -71,7 +102,7 @@ function graphProtocol(rt, info, times) {
       return run(g['video-decoder'], named, times, 'decoder');
     },
     async encodeMemory(vision, lowRes, binarize, score) {
-      const named = { vision, low_res: lowRes, binarize: Float32Array.of(binarize ? 1 : 0), score: Float32Array.of(score) };
+      const named = { vision, low_res: lowRes, binarize: Float32Array.of(binarize ? 1 : 0), score: Float32Array.of(score), latents: rt.latents };
       return (await run(g['memory-encoder'], named, times, 'memory_encoder')).memory;
     },
   };
@@ -90,6 +121,27 @@ const resetTimes = () => STAGES.forEach((s) => delete times[s]);
 async function features(frame) {
   if (cached && cached.frame === frame) return cached.feats;
   const t0 = performance.now();
+  const feats = state.encoder.where === 'browser' ? await encodeFrame(frame) : await serverFeatures(frame);
+  times.features = (times.features || 0) + performance.now() - t0;
+  cached = { frame, feats };
+  return feats;
+}
+
+// The frame's S x S pixels from the server, encoded here (BundleVideoBackend.encode_frame in the page).
+async function encodeFrame(frame) {
+  const s = state.info.resolution;
+  const rgb = new Uint8Array(await (await api(`/api/videos/${v.clip.id}/pixels/${frame}`)).arrayBuffer());
+  if (rgb.length !== s * s * 3) throw new Error(`frame ${frame} came as ${rgb.length} bytes, expected ${s * s * 3}`);
+  const errors = lrt.gpuErrors.length;
+  const out = await encodeImage(state.encoder, normalizeFrame(rgb, s));
+  if (lrt.gpuErrors.length > errors) {
+    throw new Error(`WebGPU failed in the frame encoder (${lrt.gpuErrors[errors]}); reload the page with ?accel=wasm`);
+  }
+  return { vision: visionOf(out.image_embeddings, rt.noMemEmbed, state.info.embed_size), feat_s0: out.feat_s0, feat_s1: out.feat_s1 };
+}
+
+// The fallback: the server's frame encoder (vision | feat_s0 | feat_s1, float32).
+async function serverFeatures(frame) {
   const buf = await (await api(`/api/videos/${v.clip.id}/features/${frame}`)).arrayBuffer();
   const feats = {};
   let offset = 0;
@@ -98,10 +150,10 @@ async function features(frame) {
     feats[k] = new Float32Array(buf, offset * 4, n);
     offset += n;
   }
-  times.features = (times.features || 0) + performance.now() - t0;
-  cached = { frame, feats };
   return feats;
 }
+
+const encoderWhere = () => (state.encoder.where === 'browser' ? `frame encoder here (${state.encoder.accelerator})` : 'frame encoder on the server');
 
 function trackerMeta(clip) {
   const info = state.info;
@@ -111,7 +163,7 @@ function trackerMeta(clip) {
     side: info.mask_side, e: info.embed_size, C: info.d_model, M: c.mem_dim, K: c.memory_slots, P: c.max_obj_ptrs,
     numMaskmem: c.num_maskmem, maxObjPtrs: c.max_obj_ptrs, noObjScore: c.no_obj_score,
     stabilityDelta: info.video.stability.delta, stabilityThresh: info.video.stability.thresh,
-    fillHoleArea: info.video.fill_hole_area, noMemEmbed: rt.noMemEmbed,
+    fillHoleArea: info.video.fill_hole_area, noMemEmbed: rt.noMemEmbed, memoryTokens: info.video.memory_tokens || null,
   };
 }
 
@@ -138,7 +190,7 @@ async function openVideo(file) {
     $('frame').max = String(clip.num_frames - 1);
     fillObjects();
     await show(0);
-    setStatus(`${clip.width}x${clip.height} video, ${clip.num_frames} frames · graphs on ${rt.accel} · click the object to track`);
+    setStatus(`${clip.width}x${clip.height} video, ${clip.num_frames} frames · ${encoderWhere()} · video graphs here (${rt.accel}) · click the object to track`);
   } catch (e) {
     setStatus(`could not open the video: ${e.message || e}`, true);
   } finally {
@@ -279,7 +331,7 @@ async function trackAll() {
       v.calls.push({ op: 'propagate', reverse });
     }
     renderTimes();
-    setStatus(`tracked ${v.tracker.objIds.length} object(s) through ${step} frame steps on ${rt.accel}`);
+    setStatus(`tracked ${v.tracker.objIds.length} object(s) through ${step} frame steps · ${encoderWhere()} · video graphs here (${rt.accel})`);
   });
 }
 
@@ -293,7 +345,8 @@ function renderTimes() {
     return s.length ? s[(s.length - 1) >> 1] : NaN;
   };
   const tracked = v.times.filter((t) => t.memory_attention !== undefined); // prompted frames run no graph
-  const rows = [...STAGES, 'total'].map((s) => `<tr><th>${s.replace('_', ' ')}</th><td>${median(tracked.map((t) => t[s] || 0)).toFixed(1)}</td></tr>`);
+  const label = (s) => (s === 'features' ? `features (${state.encoder.where === 'browser' ? 'encoder here' : 'server encoder'})` : s.replace('_', ' '));
+  const rows = [...STAGES, 'total'].map((s) => `<tr><th>${label(s)}</th><td>${median(tracked.map((t) => t[s] || 0)).toFixed(1)}</td></tr>`);
   $('latency').innerHTML = `<table id="stage-times"><tr><th>per tracked frame, median of ${tracked.length} (${rt.accel})</th><th>ms</th></tr>${rows.join('')}</table>`;
 }
 
@@ -350,7 +403,10 @@ function wire() {
 
 // Shown when /api/info offers tracking; `state` is app.js's (state.video = this page's clip and tracker).
 export function setUpTracking(pageState, pageApi, pageStatus) {
-  if (!pageState.info.video) return;
+  if (!pageState.info.video) {
+    $('video-status').textContent = `video: no tracking here (${pageState.info.video_note})`;
+    return;
+  }
   [state, api, setStatus] = [pageState, pageApi, pageStatus];
   state.video = v;
   $('open-video').hidden = false;

@@ -3,12 +3,13 @@
 // memory bank's stores, hole filling, propagation). No DOM here: the three video graphs and the frame features
 // are passed in (track.js runs them with LiteRT.js), so node can test this file against the Python host.
 // Arrays are Float32Array, row-major, in runtime/video/backend.py's shapes (S image size, e = S/16, side = 4e,
-// C d_model, M mem_dim, K memory slots, P pointer slots); float32 rounding (Math.fround) follows numpy.
+// C d_model, M mem_dim, K memory slots, P pointer slots, N memory tokens of a slot: EdgeTAM's perceiver output,
+// absent for SAM 2.1 whose slots are M x e x e maps); float32 rounding (Math.fround) follows numpy.
 
 const f32 = Math.fround;
 
 // One object's outputs by frame index, as upstream's output_dict_per_obj (values: FrameOutput
-// {predMasks side*side logits, objPtr C, score (object-score logit), maskmem M*e*e | null}).
+// {predMasks side*side logits, objPtr C, score (object-score logit), maskmem M*e*e or N*M | null}).
 export class ObjectMemory {
   constructor() {
     this.cond = new Map();
@@ -62,15 +63,19 @@ function fit(entries, slots) {
   return { kept, dropped: entries.length - kept.length };
 }
 
-// The memory attention's fixed-shape inputs for one object on one frame (memory_bank.select_memory).
-// v: {e, M, C, K, P, numMaskmem, maxObjPtrs}.
+// Floats of one memory slot: N*M perceiver tokens (v.memoryTokens, EdgeTAM) or an M x e x e map (SAM 2.1).
+export const slotSize = (v) => v.M * (v.memoryTokens ? v.memoryTokens : v.e * v.e);
+
+// The memory attention's fixed-shape inputs for one object on one frame (memory_bank.select_memory); ptr_pos is
+// filled for every model (a graph without pointer positions does not take it).
+// v: {e, M, C, K, P, numMaskmem, maxObjPtrs, memoryTokens?}.
 export function selectMemory(mem, frame, numFrames, v, reverse) {
-  const ee = v.e * v.e;
+  const slot = slotSize(v);
   const spatial = fit(spatialEntries(mem, frame, v, reverse), v.K);
   const { entries, tMax } = pointerEntries(mem, frame, numFrames, v, reverse);
   const pointers = fit(entries, v.P);
   const inputs = {
-    mem_feats: new Float32Array(v.K * v.M * ee),
+    mem_feats: new Float32Array(v.K * slot),
     mem_tpos: new Float32Array(v.K),
     mem_valid: new Float32Array(v.K),
     ptrs: new Float32Array(v.P * v.C),
@@ -78,7 +83,7 @@ export function selectMemory(mem, frame, numFrames, v, reverse) {
     ptr_valid: new Float32Array(v.P),
   };
   spatial.kept.forEach(([tPos, , out], i) => {
-    inputs.mem_feats.set(out.maskmem, i * v.M * ee);
+    inputs.mem_feats.set(out.maskmem, i * slot);
     inputs.mem_tpos[i] = v.numMaskmem - tPos - 1;
     inputs.mem_valid[i] = 1;
   });
@@ -156,7 +161,7 @@ export class TrackingError extends Error {}
 
 // Sam2VideoPredictor over the page's graphs, for points and boxes (mask prompts stay in Python).
 // meta: {numFrames, width, height, imageSize, side, e, C, M, K, P, numMaskmem, maxObjPtrs, noObjScore,
-//        stabilityDelta, stabilityThresh, fillHoleArea, noMemEmbed: Float32Array(C)}
+//        stabilityDelta, stabilityThresh, fillHoleArea, noMemEmbed: Float32Array(C), memoryTokens?: N (EdgeTAM)}
 // graphs: async memoryAttention(vision, inputs) -> pix; decode(pix, feats, coords, labels, maskInput | null)
 //         -> {masks, iou_scores, object_score, obj_ptrs}; encodeMemory(vision, lowRes, binarize, score) -> memory
 // features: async frame -> {vision, feat_s0, feat_s1} (vision without no_mem_embed, as encode_frame)
