@@ -22,11 +22,17 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.config import Sam2Config
+from sam2edge.errors import UserError
+from sam2edge.export import onnx_int8 as i8
 from sam2edge.export.smooth import CALIBRATION_PHOTOS
+from sam2edge.runtime.backends import onnx as ob
 
 # real photos for the activation ranges: the smoothing's photos plus two more, none in the fidelity click set
 CALIBRATION = (*CALIBRATION_PHOTOS, "coins.png", "camera.png")
 METHOD = "MinMax"  # onnxruntime CalibrationMethod name
+# products' outputs stay fp32 (their int32 sums dequantised in the kernel): a Q / DQ pair after fc1 keeps
+# onnxruntime from fusing the GELU that follows it into one kernel
+QUANTIZE_OUTPUTS = False
 OPS = ("MatMul", "Gemm")  # every product: the Linear layers (Gemm after optimisation) and the attention products
 
 
@@ -62,6 +68,7 @@ def quantize_static_int8(
     activation: str = "s8",
     ops: tuple[str, ...] = OPS,
     input_name: str = "image",
+    quantize_outputs: bool = QUANTIZE_OUTPUTS,
 ) -> dict:
     """Static w8a8 QDQ int8 of ``src``'s ``ops`` into ``dst``, activation ranges from ``photos`` by ``method``;
     returns the census for the card (method, calibration set, quantised op counts)."""
@@ -82,6 +89,7 @@ def quantize_static_int8(
         extra_options={
             "ActivationSymmetric": symmetric,
             "WeightSymmetric": True,
+            **({} if quantize_outputs else {"OpTypesToExcludeOutputQuantization": list(ops)}),
         },
     )
     graph = onnx.load(str(dst), load_external_data=False).graph
@@ -112,3 +120,63 @@ def quantized_matmuls(graph) -> dict[str, int]:
             continue
         out["weight" if src[1].input[0] in consts else "activation"] += 1
     return out
+
+
+# how ``encoder_vnni.onnx`` quantises its activations (``sam2edge export --int8``): "static" ranges calibrated here
+# (falling back to "dynamic" when the static file misses a bar), or "dynamic" only
+MODES = ("static", "dynamic")
+DEFAULT_MODE = "static"
+FALLBACK = "int8_vnni_fallback"  # job.state key: the finished dynamic s8 file's bytes, kept until the check
+
+
+def mode(job) -> str:
+    """The job's int8 mode (``run_export(options={"int8": ...})``), one of ``MODES``."""
+    got = job.state.get("int8", DEFAULT_MODE)
+    if got not in MODES:
+        raise UserError(f"int8 mode {got!r} is not one of {', '.join(MODES)}; pass --int8 static or --int8 dynamic")
+    return got
+
+
+def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:
+    """``export.onnx_int8.quantize_encoder`` with, in mode "static" on a VNNI CPU, ``encoder_vnni.onnx`` as the
+    static QDQ int8 of ``opt`` (the dynamic s8 file finished and kept aside for ``vnni_check``'s fallback);
+    returns the portable (dynamic u8) encoder for the caller to finish as encoder.onnx."""
+    if mode(job) != "static" or not ob.has_vnni():
+        return i8.quantize_encoder(job, opt, work, finish)
+    portable = i8.quantize_encoder(job, opt, work, finish)  # encoder.onnx, and the dynamic s8 VNNI file
+    vnni = job.folder / ob.VNNI_ENCODER_FILE
+    census = job.state["census"]["encoder"]
+    census["int8_vnni_dynamic"] = census.pop("int8_vnni")
+    job.state[FALLBACK] = vnni.read_bytes()
+    static = work / "int8_encoder_static.onnx"
+    census["int8_vnni"] = quantize_static_int8(opt, static, job.cfg, input_name=ob.ENCODER_INPUTS[0])
+    finish(static, vnni)
+    return portable
+
+
+def vnni_check(job, decoder: Path) -> dict | None:
+    """``export.onnx_int8.vnni_check`` of ``encoder_vnni.onnx``; a static file that misses a bar is replaced by
+    the dynamic s8 file, measured at the same bars. The result says which activations shipped ("int8")."""
+    fallback = job.state.pop(FALLBACK, None)
+    first = i8.vnni_check(job, decoder)
+    if first is None or fallback is None:  # not int8, or dynamic only
+        return first if first is None or not first["shipped"] else {**first, "int8": "dynamic"}
+    if first["shipped"]:
+        return {**first, "int8": "static"}
+    (job.folder / ob.VNNI_ENCODER_FILE).write_bytes(fallback)
+    job.files[ob.VNNI_ENCODER_FILE] = ob.VNNI_ENCODER_ROLE
+    again = i8.vnni_check(job, decoder)
+    return {**again, **({"int8": "dynamic"} if again["shipped"] else {}), "static": first}
+
+
+def card_extra(job) -> dict:
+    """card.json extra.int8_activations: how encoder_vnni.onnx quantises its activations (static: the
+    calibration set and method; whether the static file or its dynamic fallback shipped)."""
+    if job.precision != "int8":
+        return {}
+    census = job.state.get("census", {}).get("encoder", {})
+    if "int8_vnni_dynamic" not in census:  # dynamic asked for, or no VNNI file made here
+        return {"int8_activations": {"mode": "dynamic"}}
+    shipped = (job.checks.get("int8_vnni") or {}).get("int8", "none")
+    static = census["int8_vnni"]
+    return {"int8_activations": {"mode": "static", "shipped": shipped, **static}}
