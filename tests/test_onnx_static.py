@@ -26,7 +26,8 @@ LINEARS, ATTENTION_PRODUCTS = 27, 12  # test-small's Hiera: Linear layers, and q
 def _export(out: Path, monkeypatch) -> dict:
     monkeypatch.setattr(ob, "has_vnni", lambda cpuinfo=None: True)
     weights = (synthetic_state_dict(TEST_SMALL), SOURCE)
-    return run_export("onnx", "test-small", "int8", out, weights=weights, force=True, options={"batch": 0})
+    options = {"batch": 0, "int8": "static"}
+    return run_export("onnx", "test-small", "int8", out, weights=weights, force=True, options=options)
 
 
 def _fused_ops(path: Path) -> set[str]:
@@ -109,9 +110,9 @@ def test_int8_flag_reaches_the_export_and_the_card_command(tmp_path: Path, monke
 
     monkeypatch.setattr(pipeline, "run_export", fake)
     args = ["export", "--target", "onnx", "--precision", "int8", "--config", "test-small", "--out", str(tmp_path / "b")]
-    assert main([*args, "--int8", "dynamic"]) == 2
-    assert seen["options"] == {"int8": "dynamic"} and "--int8 dynamic" in seen["command"]
-    assert main(args) == 2 and seen["options"] is None  # static: the default
+    assert main([*args, "--int8", "static"]) == 2
+    assert seen["options"] == {"int8": "static"} and "--int8 static" in seen["command"]
+    assert main(args) == 2 and seen["options"] is None  # dynamic: the default
 
 
 def test_unknown_int8_mode_is_one_line(tmp_path: Path) -> None:
