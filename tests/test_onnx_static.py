@@ -1,7 +1,7 @@
 """ONNX static int8 (``export.onnx_static``): encoder_vnni.onnx as a w8a8 QDQ graph with calibrated ranges.
 
-Each export is written and measured as on a VNNI CPU (``has_vnni`` patched: the file is made and measured on
-any CPU; onnxruntime runs s8 x s8 exactly on every x86 kernel), at test-small against eager fp32."""
+Each export is written and measured as on a VNNI CPU (``has_vnni`` patched, so the file is made and measured on
+the CPU that runs the test), at test-small against eager fp32."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ too, and no range is measured at run time; onnxruntime's CPU provider fuses DQ -
 ``QLinearMatMul`` / ``MatMulIntegerToFloat`` with VNNI kernels.
 
 Method (``quantize_static``): per-output-channel symmetric s8 weights, s8 symmetric activations
-(``ActivationSymmetric``: zero point 0, the form onnxruntime's VNNI s8 kernels run without a zero-point
-correction), ranges from ``CALIBRATION`` (skimage photos outside the fidelity click set, so the bars are
+(``ActivationSymmetric``: zero point 0), ranges from ``CALIBRATION`` (skimage photos outside the fidelity click set, so the bars are
 measured on images calibration never saw) with ``METHOD``.
 """
 
@@ -124,9 +123,9 @@ def quantized_matmuls(graph) -> dict[str, int]:
 
 # how ``encoder_vnni.onnx`` quantises its activations (``sam2edge export --int8``): "dynamic" (per call), or "static"
 # ranges calibrated here (falling back to "dynamic" when the static file misses a bar). Dynamic is the default: at
-# full size (Hiera-Tiny 1024, 2 threads, AVX-512 VNNI EPYC, one quiet interleaved run of /tmp scratch encoders) the
-# static file took 720 ms against dynamic's 717-740 ms (fp32 1199 ms): no faster on onnxruntime's CPU provider, and
-# with each product's output quantised too (Q / DQ after every product) 1275 ms, slower than fp32
+# full size (Hiera-Tiny 1024, 2 threads, AVX-512 VNNI EPYC, benchmarks/bench_int8_static.py, two quiet interleaved
+# runs) static took 720 / 694 ms against dynamic's 740 / 716 ms (fp32 1199 / 1177 ms): within run-to-run spread on
+# onnxruntime's CPU provider; with each product's output quantised too, 1275 / 1224 ms, no faster than fp32
 MODES = ("dynamic", "static")
 DEFAULT_MODE = "dynamic"
 FALLBACK = "int8_vnni_fallback"  # job.state key: the finished dynamic s8 file's bytes, kept until the check
