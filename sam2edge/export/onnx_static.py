@@ -9,8 +9,8 @@ too, and no range is measured at run time; onnxruntime's CPU provider fuses DQ -
 ``QLinearMatMul`` / ``MatMulIntegerToFloat`` with VNNI kernels.
 
 Method (``quantize_static``): per-output-channel symmetric s8 weights, s8 symmetric activations
-(``ActivationSymmetric``: zero point 0), ranges from ``CALIBRATION`` (skimage photos outside the fidelity click set, so the bars are
-measured on images calibration never saw) with ``METHOD``.
+(``ActivationSymmetric``: zero point 0), ranges from ``CALIBRATION`` (skimage photos outside the fidelity
+click set, so the bars are measured on images calibration never saw) with ``METHOD``.
 """
 
 from __future__ import annotations
