@@ -212,7 +212,7 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     if has_vnni():  # u8 x s8 measured on the kernels that run it, at the same bars
         assert vnni["shipped"] and roles["encoder-vnni"] == "encoder_vnni.onnx"
         assert vnni["end_to_end"]["iou_worst"] >= 0.95 and vnni["end_to_end"]["clicks"] >= 40
-        assert _weight_dtypes(out / "encoder_vnni.onnx") == {onnx.TensorProto.INT8}  # static QDQ: s8 weights
+        assert _weight_dtypes(out / "encoder_vnni.onnx") == {onnx.TensorProto.INT8}
         assert OnnxBackend.from_bundle(out).encoder_role == "encoder-vnni"
     else:
         assert not vnni["shipped"] and "no VNNI" in vnni["why"] and "encoder-vnni" not in roles
@@ -220,19 +220,12 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
 
 
 def _weight_dtypes(path: Path) -> set[int]:
-    """Element types of the constant weight inputs of an ONNX file's MatMulInteger (or QDQ MatMul / Gemm) nodes."""
+    """Element types of the constant weight inputs of an ONNX file's MatMulInteger nodes."""
     import onnx
 
     m = onnx.load(str(path))
     inits = {t.name: t.data_type for t in m.graph.initializer}
-    made_by = {o: n for n in m.graph.node for o in n.output}
-    weights = [n.input[1] for n in m.graph.node if n.op_type == "MatMulInteger"]
-    weights += [  # static QDQ (export.onnx_static): the int8 initializer behind input B's DequantizeLinear
-        made_by[n.input[1]].input[0]
-        for n in m.graph.node
-        if n.op_type in ("MatMul", "Gemm") and getattr(made_by.get(n.input[1]), "op_type", "") == "DequantizeLinear"
-    ]
-    return {inits[w] for w in weights if w in inits}
+    return {inits[n.input[1]] for n in m.graph.node if n.op_type == "MatMulInteger" and n.input[1] in inits}
 
 
 def test_onnx_int8_vnni_encoder_missing_its_bar_is_left_out(tmp_path: Path, monkeypatch) -> None:
