@@ -11,6 +11,7 @@ line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_e
   --out           bundle folder (new, empty, or an earlier bundle; written atomically)
   --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
   --force         write a bundle that fails an accuracy bar (card status "rejected")
+  --int8          onnx int8: "dynamic" (default) or "static" activations of encoder_vnni.onnx (``export.onnx_static``)
   --video         also the video graphs (memory attention, memory encoder, video decoder; every precision, int8
                   quantising only the frame encoder), measured on a two-object clip;
                   ``Sam2VideoPredictor.from_export(DIR)`` tracks from the bundle
@@ -46,6 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="write a bundle that fails an accuracy bar (status rejected)")
     p.add_argument("--video", action="store_true", help="also export the video graphs (tracking from the bundle)")
     p.add_argument(
+        "--int8",
+        choices=("static", "dynamic"),
+        default=None,
+        help="--target onnx --precision int8: activations of encoder_vnni.onnx measured per call (dynamic, the"
+        " default) or with ranges calibrated on photos (static: a QDQ graph; the dynamic file ships where it misses"
+        " a bar)",
+    )
+    p.add_argument(
         "--gpu-check",
         choices=("run", "skip"),
         default="run",
@@ -65,12 +74,15 @@ def command_line(args: argparse.Namespace) -> str:
     flags = (("--allow-dirty", args.allow_dirty), ("--force", args.force), ("--video", args.video))
     parts += [flag for flag, on in flags if on]
     parts += ["--gpu-check", "skip"] if getattr(args, "gpu_check", "run") == "skip" else []
+    parts += ["--int8", args.int8] if getattr(args, "int8", None) else []
     return shlex.join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.resolution is not None and (args.resolution <= 0 or args.resolution % 32):
         raise UserError(f"--resolution {args.resolution} must be a positive multiple of 32, e.g. 1024 or 512")
+    if args.int8 and (args.target, args.precision) != ("onnx", "int8"):
+        raise UserError(f"--int8 {args.int8} applies to --target onnx --precision int8 only; drop it")
     require_all(TARGET_MODULES.get(args.target, ()), f"export --target {args.target}")
     from sam2edge.export.pipeline import check_request, guard_out, run_export
 
@@ -93,7 +105,11 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         command=command_line(args),
         video=args.video,
-        options={"gpu_check": args.gpu_check} if args.gpu_check != "run" else None,
+        options={
+            **({"gpu_check": args.gpu_check} if args.gpu_check != "run" else {}),
+            **({"int8": args.int8} if args.int8 else {}),
+        }
+        or None,
     )
     print(resolve(target.converter).summary(card, Path(args.out)))
     return 0

@@ -4,7 +4,8 @@ Files (single self-contained .onnx each, no external data, opset ``OPSET``, stan
   encoder.onnx  ``EncoderGraph``: image 1x3xSxS -> image_embeddings, feat_s0, feat_s1
   decoder.onnx  ``PointDecoderGraph`` (prompt encoder inside), dynamic num_points N; I/O in
                 ``sam2edge.runtime.backends.onnx``'s module docstring.
-  encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 products (``export.onnx_int8``)
+  encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 dynamic products
+                (``export.onnx_int8``), or with ``--int8 static`` s8 x s8 static QDQ ones (``export.onnx_static``)
 Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
 
 fp16: the encoder's weights are STORED in fp16 and computed in fp32 (``export.onnx_fp16``), like LiteRT's fp16
@@ -31,7 +32,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config, config_name, model_id
 from sam2edge.export import batched as bat
-from sam2edge.export import onnx_int8 as i8
+from sam2edge.export import onnx_static as st
 from sam2edge.export import video as vid
 from sam2edge.export.mixed import fp16_keep
 from sam2edge.export.onnx_fp16 import fp16_storage
@@ -284,7 +285,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     final = opt
     if job.precision == "int8" and role == "encoder":  # export.onnx_int8: the portable and the VNNI file
         vnni_props = {**props, "role": ob.VNNI_ENCODER_ROLE}
-        final = i8.quantize_encoder(job, opt, work, lambda src, dst: finish(src, dst, vnni_props))
+        final = st.quantize_encoder(job, opt, work, lambda src, dst: finish(src, dst, vnni_props))
     elif job.precision == "fp16" and role == "encoder":
         final = work / "fp16_encoder.onnx"
         keep = fp16_keep(job)
@@ -338,6 +339,7 @@ def _extra(job) -> dict:
             if job.precision == "int8"
             else {}
         ),
+        **st.card_extra(job),
     }
 
 
@@ -391,7 +393,7 @@ SPEC = TargetSpec(
     checks={
         "optimization": optimization_check,
         "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),
-        "int8_vnni": lambda job: i8.vnni_check(job, job.folder / ob.DECODER_FILE),
+        "int8_vnni": lambda job: st.vnni_check(job, job.folder / ob.DECODER_FILE),
     },
     video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
 )
