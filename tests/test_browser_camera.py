@@ -27,6 +27,8 @@ from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from tests.test_browser_site import static_server
 
 TIMEOUT_MS = 180_000
+LIVE = "window.sam2edge.live"
+END_TRACK = "document.getElementById('live-video').srcObject.getVideoTracks()[0].dispatchEvent(new Event('ended'))"
 SIZE, FRAMES = (256, 192), 8  # fake camera (W, H), clip frames (the camera loops them)
 
 
@@ -66,6 +68,19 @@ def camera_args(clip: Path | None) -> list[str]:
 def clip(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("camera") / "clip.y4m"
     write_y4m(path, drifting_frames(FRAMES, SIZE))
+    return path
+
+
+@pytest.fixture(scope="module")
+def clip_webm(tmp_path_factory) -> Path:
+    """The same drifting window as a VP9 WebM file (what a user opens with "Open video")."""
+    from sam2edge.runtime.video.io import close_writer, open_writer, write_frame
+
+    path = tmp_path_factory.mktemp("video") / "clip.webm"
+    container, stream = open_writer(path, ".webm", *SIZE, 4)  # 2 s
+    for f in drifting_frames(FRAMES, SIZE):
+        write_frame(container, stream, f)
+    close_writer(container, stream)
     return path
 
 
@@ -147,7 +162,7 @@ def _replay(bundle: Path, frames: list[np.ndarray], calls: list[dict], max_ptrs:
     return shown
 
 
-def test_camera_tracking_equals_python(cam_browser, site, bundle, tmp_path):
+def test_camera_tracking_equals_python(cam_browser, site, bundle, clip_webm, tmp_path):
     srv, ctx, page, logs = open_live(cam_browser, site, camera=True)
     w, h = SIZE
     try:
@@ -206,6 +221,14 @@ def test_camera_tracking_equals_python(cam_browser, site, bundle, tmp_path):
             for f, _ in live["kept"]
         }
         archive = zipfile.ZipFile(io.BytesIO(base64.b64decode(page.evaluate("window.sam2edge.live.zipB64()"))))
+        # a video file instead of the camera: decoded by the page's <video> element, tracked the same way
+        page.set_input_files("#video-file", str(clip_webm))
+        page.wait_for_function("window.sam2edge.live.source === 'clip' && window.sam2edge.live.processed >= 1")
+        page.mouse.click(*_xy(page, 0.55 * w, 0.35 * h))
+        page.wait_for_function(f"{LIVE}.calls.some((c) => c.op === 'track') || !{LIVE}.running")
+        assert not page.evaluate("document.getElementById('status').classList.contains('error')"), page.inner_text(
+            "#status"
+        )
         page.screenshot(path=str(tmp_path / "camera.png"))
         assert not uncaught(logs), logs
     finally:

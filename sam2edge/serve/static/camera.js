@@ -16,8 +16,9 @@ const KEEP_LIMIT = 600; // processed frames kept with ?keep=frames
 let page = null; // {state, setStatus, loadPipeline}
 const live = {
   running: false, source: null, processed: 0, presented: 0, dropped: 0, fps: 0, times: {}, obj: 1, objects: [1],
-  pending: [], calls: [], kept: [], error: null, stops: 0, recording: null,
+  pending: [], calls: [], kept: [], error: null, stops: 0, recording: null, history: [],
 };
+const HISTORY = 200; // per processed frame: {frame, t (ms, page clock), presented, dropped, ms per stage}
 const recorder = new Recorder();
 const keep = new URLSearchParams(location.search).get('keep') === 'frames';
 
@@ -117,6 +118,8 @@ async function loop(s) {
     tmp.getContext('2d').putImageData(img, 0, 0);
     rec.drawImage(tmp, 0, 0);
     recorder.addMasks(res.frame, labels, w, h);
+    live.history.push({ frame: res.frame, t: stamps[stamps.length - 1], presented, dropped: live.dropped, ...res.times });
+    if (live.history.length > HISTORY) live.history.shift();
     if (keep && live.kept.length < KEEP_LIMIT) live.kept.push({ frame: res.frame, presented, rgba: data, lows: res.lows, labels });
     setStats();
   }
@@ -204,12 +207,12 @@ async function start(source, file = null) {
   video.requestVideoFrameCallback(onFrame);
   Object.assign(live, {
     running: true, source, session: s, processed: 0, presented: 0, dropped: 0, fps: 0, times: {}, obj: 1,
-    objects: [1], pending: [], kept: [], width: s.w, height: s.h,
+    objects: [1], pending: [], kept: [], history: [], width: s.w, height: s.h, recording: null,
   });
   live.tracker = new LiveTracker(pipeline, s.w, s.h);
   live.calls = live.tracker.calls;
   page.state.image = null; // the photo tools stand down while live
-  $('stage').hidden = true;
+  $('stage').style.display = 'none'; // style.css shows #stage as inline-block, over the hidden attribute
   $('live').hidden = false;
   for (const id of ['stop', 'new-object', 'object-label', 'record', 'resolution-wrap']) $(id).hidden = false;
   $('record').textContent = 'Record';
@@ -322,6 +325,6 @@ export function setUpLive(state, setStatus, loadPipeline) {
   $('file').addEventListener('change', () => {
     stop(live.session);
     $('live').hidden = true;
-    $('stage').hidden = false;
+    $('stage').style.display = '';
   });
 }
