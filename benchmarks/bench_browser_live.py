@@ -36,7 +36,7 @@ READY = "window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)"
 def write_clip(path: Path, frames: int = 30) -> None:
     from tests.test_browser_camera import drifting_frames, write_y4m
 
-    write_y4m(path, drifting_frames(frames, SIZE, step=4))
+    write_y4m(path, drifting_frames(frames, SIZE, step=4, scale=2))
 
 
 def run_mode(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int) -> dict:

@@ -48,12 +48,16 @@ def write_y4m(path: Path, frames: list[np.ndarray], fps: int = 30) -> None:
                 f.write(np.clip(np.rint(plane), 0, 255).astype(np.uint8).tobytes())
 
 
-def drifting_frames(n: int, size: tuple[int, int], step: int = 6) -> list[np.ndarray]:
-    """A (W, H) window drifting right and down across skimage's astronaut."""
+def drifting_frames(n: int, size: tuple[int, int], step: int = 6, scale: int = 1) -> list[np.ndarray]:
+    """A (W, H) window drifting right and down across skimage's astronaut (512 px, enlarged ``scale`` times)."""
     from skimage import data
 
     photo, (w, h) = data.astronaut(), size
-    return [np.ascontiguousarray(photo[10 + step * i // 2 :][:h, 20 + step * i :][:, :w]) for i in range(n)]
+    if scale > 1:
+        photo = np.asarray(Image.fromarray(photo).resize((512 * scale, 512 * scale)))
+    frames = [np.ascontiguousarray(photo[10 + step * i // 2 :][:h, 20 + step * i :][:, :w]) for i in range(n)]
+    assert all(f.shape[:2] == (h, w) for f in frames), "the window leaves the photo; use a smaller step or size"
+    return frames
 
 
 def camera_args(clip: Path | None) -> list[str]:

@@ -61,6 +61,12 @@ its status line ("single-threaded wasm: the host does not send COOP/COEP").
 Before it compiles a model file the page computes its SHA-256 (Web Crypto) and compares it with
 `model/manifest.json`; a file that differs is refused with a message naming it.
 
+## Camera and video
+
+With a bundle exported with `--video`, "Camera" and "Open video" track in the page, always on the newest frame
+(frames the model cannot keep up with are dropped and counted). Browsers give the camera only to a secure page:
+serve over https, or open it as http://localhost.
+
 ## Model
 
 Bundle: {bundle} ({config}, {size} px). Tracking: {tracking}.
