@@ -2,6 +2,7 @@
 
 Layout written under ``out``:
   index.html, site.js, litert.js, sam.js, style.css   the page (``static/``), relative URLs only
+  pipeline.js, tracker.js, camera.js, record.js       tracking a clip or the camera (a ``--video`` bundle)
   vendor/@litertjs/{core,wasm-utils}/                 LiteRT.js copied from node_modules (package.json, dist, wasm)
   model/                                              the bundle's files the page runs, card.json, manifest.json
   config.json                                         what the page loads: graphs, I/O order, resolution, tracker
@@ -29,9 +30,13 @@ from sam2edge.serve.assets import (
     node_modules,
 )
 
-PAGE_FILES = ("site.html", "site.js", "litert.js", "sam.js", "style.css")  # static/ -> site root (site.html -> index)
+PAGE_FILES = (  # static/ -> site root (site.html -> index.html)
+    *("site.html", "site.js", "litert.js", "sam.js", "style.css"),
+    *("pipeline.js", "tracker.js", "camera.js", "record.js"),  # tracking: clip and camera
+)  # static/ -> site root (site.html -> index)
 MARKER = "sam2edge-site.json"  # a folder holding this file was written by this command and may be replaced
 ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")
+FILL_HOLE_AREA = 8  # Sam2VideoPredictor's default: background holes of <= 8 low-res pixels are filled
 VENDOR_PARTS = ("package.json", "dist", "wasm")  # what the page loads of each LiteRT.js package
 
 README = """# sam2edge static site
@@ -55,6 +60,12 @@ its status line ("single-threaded wasm: the host does not send COOP/COEP").
 
 Before it compiles a model file the page computes its SHA-256 (Web Crypto) and compares it with
 `model/manifest.json`; a file that differs is refused with a message naming it.
+
+## Camera and video
+
+With a bundle exported with `--video`, "Camera" and "Open video" track in the page, always on the newest frame
+(frames the model cannot keep up with are dropped and counted). Browsers give the camera only to a secure page:
+serve over https, or open it as http://localhost.
 
 ## Model
 
@@ -100,8 +111,14 @@ def site_config(bundle: Path) -> tuple[dict, list[str]]:
     card = _read_card(bundle)
     extra = card.get("extra") or {}
     _, enc_out = _io_order(extra, "encoder.tflite", ("image",), ENCODER_OUTPUTS)
+    from sam2edge.runtime.video.bundle import LATENTS_FILE
+
     tracker, tracker_note = browser_tracker(bundle)
-    files = sorted({"encoder.tflite", *decoder.files, *(tracker.files if tracker else ())})
+    latents = []
+    if tracker and (bundle / LATENTS_FILE).is_file():  # EdgeTAM: the perceiver's latents, a memory-encoder input
+        tracker.tables["latents"] = LATENTS_FILE
+        latents = [LATENTS_FILE]
+    files = sorted({"encoder.tflite", *decoder.files, *(tracker.files if tracker else ()), *latents})
     cfg = {
         "bundle": bundle.name,
         "config": card.get("config"),
@@ -131,6 +148,8 @@ def write_site(bundle: str | Path, out: str | Path) -> Path:
     cfg, files = site_config(bundle)
     if not cfg["resolution"]:
         cfg["resolution"] = _resolution(bundle)
+    cfg["resolutions"] = [cfg["resolution"]]  # the model resolutions the bundle offers (the page's picker)
+    cfg["model"] = _model_facts(bundle, cfg["resolution"])
     manifest = json.loads((bundle / "manifest.json").read_text())["files"]
     stage = out.parent / f".{out.name}.new"
     shutil.rmtree(stage, ignore_errors=True)
@@ -163,6 +182,23 @@ def write_site(bundle: str | Path, out: str | Path) -> Path:
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out
+
+
+def _model_facts(bundle: Path, resolution: int) -> dict:
+    """What tracking in the page needs besides the graphs: widths, mask side, upstream's mask-selection constants."""
+    from sam2edge.config import CONFIGS
+
+    cfg = CONFIGS.get(str(_read_card(bundle).get("config")))
+    if cfg is None:
+        return {}
+    e = resolution // 16  # image_embedding_size at this resolution
+    return {
+        "d_model": cfg.d_model,
+        "embed_size": e,
+        "mask_side": 4 * e,
+        "stability": {"delta": cfg.stability_delta, "thresh": cfg.stability_thresh},
+        "fill_hole_area": FILL_HOLE_AREA,
+    }
 
 
 def _resolution(bundle: Path) -> int:

@@ -4,6 +4,8 @@
 // torchvision, ImageNet mean/std) -> encoder -> decoder per tap.
 import { adapterInfo, loadRuntime, nameOutputs, orderInputs, runModel, setWasmDir } from './litert.js';
 import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
+import { setUpLive } from './camera.js';
+import { FramePipeline } from './pipeline.js';
 
 const MEAN = [0.485, 0.456, 0.406];
 const STD = [0.229, 0.224, 0.225];
@@ -16,6 +18,7 @@ function setStatus(text, isError = false) {
   $('status').textContent = text;
   $('status').classList.toggle('error', isError);
   if (isError) state.error = text;
+  state.statusCount = (state.statusCount || 0) + 1;
 }
 
 async function sha256Hex(bytes) {
@@ -36,6 +39,23 @@ async function verifiedBytes(url, manifest) {
     throw new Error(`model file ${name} fails its SHA-256 check (modified or corrupt); refused. Rebuild the site with sam2edge web`);
   }
   return bytes;
+}
+
+// The tracking graphs (a --video bundle), compiled on first use with each file's SHA-256 checked; one promise
+// per page, retried after a failure.
+let pipeline = null;
+function loadPipeline(onStatus) {
+  if (!state.ready) return Promise.reject(new Error(`the page did not load its models (${state.error || 'still loading'}); reload it`));
+  if (!pipeline) {
+    const { rt, manifest } = state.loaded;
+    const compile = async (url) => rt.liteRt.loadAndCompile(await verifiedBytes(url, manifest), { accelerator: state.runtime.accelerator });
+    const fetchF32 = async (url) => new Float32Array((await verifiedBytes(url, manifest)).buffer);
+    pipeline = FramePipeline.load(state.cfg, state.encoder, compile, fetchF32, onStatus).catch((e) => {
+      pipeline = null;
+      throw e;
+    });
+  }
+  return pipeline;
 }
 
 // torchvision's antialiased bilinear weights along one axis (PyTorch _upsample_bilinear2d_aa).
@@ -103,6 +123,7 @@ async function init() {
   const cfg = await (await fetch('config.json')).json();
   const manifest = (await (await fetch(cfg.manifest)).json()).files;
   state.cfg = cfg;
+  setUpLive(state, setStatus, loadPipeline);
   setWasmDir(new URL('vendor/@litertjs/core/wasm/', location.href).href);
   const rt = await loadRuntime('threads');
   const accel = await chooseAccelerator();
@@ -119,11 +140,12 @@ async function init() {
   for (const [k, url] of Object.entries(cfg.decoder.tables)) {
     state.tables[k] = new Float32Array((await verifiedBytes(url, manifest)).buffer);
   }
-  for (const g of Object.values(cfg.tracker?.graphs || {})) await verifiedBytes(g.url, manifest);
-  for (const url of Object.values(cfg.tracker?.tables || {})) await verifiedBytes(url, manifest);
+  state.loaded = { rt, manifest };
   state.numTokens = state.decoder.getInputDetails().find((d) => /sparse_valid/.test(d.name))?.shape[1] ?? 8;
   state.ready = true;
-  const track = cfg.tracker ? 'tracking available' : `tracking needs a bundle exported with --video (${cfg.tracker_note})`;
+  const track = cfg.tracker
+    ? 'or press Camera / open a video to track'
+    : `tracking needs a bundle exported with --video (${cfg.tracker_note})`;
   setStatus(`ready: open a photo · ${cfg.bundle} ${cfg.resolution}px · ${track}`);
 }
 

@@ -1,0 +1,164 @@
+"""Frames per second of live tracking in the static site (``sam2edge web``) with Chromium's fake camera.
+
+    python benchmarks/bench_browser_live.py BUNDLE [BUNDLE ...] [--frames 4] [--modes wasm-1 wasm-2]
+        [--record benchmarks/records/92-browser-live-1024.json]
+
+Each BUNDLE is a LiteRT bundle exported with ``--video``. The script writes the site, serves it (with the
+COOP/COEP headers), and opens it in headless Debian chromium whose fake camera plays a 640x480 clip at 30
+frames per second (skimage's astronaut under a drifting window, Y4M, looped). It presses Camera, taps one
+object, lets one frame warm up, then counts ``--frames`` processed frames: achieved FPS = processed frames /
+page-clock seconds; the page's per-stage milliseconds are medians over those frames; frames the camera
+presented meanwhile and the model skipped are the dropped ones. Modes: ``wasm-1`` (LiteRT.js single-threaded
+wasm: the page sees one core), ``wasm-2`` (threaded wasm, two threads), ``webgpu`` (only meaningful with a
+hardware adapter; on SwiftShader it measures a CPU emulation of a GPU). Nothing else should run meanwhile
+(``/work/bin/quiet``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STAGES = ("encoder", "memory_attention", "decoder", "memory_encoder")
+SIZE = (640, 480)
+READY = "window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)"
+
+
+def write_clip(path: Path, frames: int = 30) -> None:
+    from tests.test_browser_camera import drifting_frames, write_y4m
+
+    write_y4m(path, drifting_frames(frames, SIZE, step=4, scale=2))
+
+
+def run_mode(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int) -> dict:
+    """One browser, one mode -> {fps, per-stage medians, dropped, runtime line}."""
+    from playwright.sync_api import sync_playwright
+
+    from sam2edge.serve.chromium import SWIFTSHADER_ICD, WEBGPU_FLAGS, chromium_path
+    from tests.test_browser_camera import camera_args
+    from tests.test_browser_site import static_server
+
+    args = camera_args(clip)
+    if mode == "webgpu":
+        args = [a for a in args if a != "--disable-gpu"] + WEBGPU_FLAGS
+    env = {"XDG_RUNTIME_DIR": "/tmp", "VK_ICD_FILENAMES": SWIFTSHADER_ICD} if mode == "webgpu" else None
+    srv = static_server(site, isolate=True)
+    try:
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path=str(chromium_path()), headless=True, args=args, env=env)
+            ctx = b.new_context(viewport={"width": 1000, "height": 800}, permissions=["camera"])
+            if mode == "wasm-1":  # the page sees one core: LiteRT.js loads its single-threaded wasm
+                ctx.add_init_script("Object.defineProperty(navigator, 'hardwareConcurrency', {get: () => 1})")
+            page = ctx.new_page()
+            accel = "webgpu" if mode == "webgpu" else "wasm"
+            page.goto(f"http://127.0.0.1:{srv.server_address[1]}/?accel={accel}")
+            page.wait_for_function(
+                "window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)", timeout=timeout_ms
+            )
+            if not page.evaluate("window.sam2edge.ready"):
+                raise SystemExit(f"page: {page.inner_text('#status')}")
+            runtime = page.inner_text("#runtime-status")
+            page.click("#camera")
+            page.wait_for_function("window.sam2edge.live.processed >= 1 || window.sam2edge.error", timeout=timeout_ms)
+            r = page.locator("#live-layer").bounding_box()
+            page.mouse.click(r["x"] + 0.5 * r["width"], r["y"] + 0.4 * r["height"])
+            page.wait_for_function("window.sam2edge.live.calls.some((c) => c.op === 'add')", timeout=timeout_ms)
+            start = page.evaluate("window.sam2edge.live.processed") + 1  # one tracked frame to warm up
+            page.wait_for_function(f"window.sam2edge.live.processed >= {start + frames}", timeout=timeout_ms)
+            hist = page.evaluate("window.sam2edge.live.history")
+            status = page.inner_text("#status")
+            b.close()
+    finally:
+        srv.shutdown()
+    first = next(i for i, h in enumerate(hist) if h["frame"] == start - 1)
+    span = hist[first : first + frames + 1]  # the warm frame's end stamp, then `frames` more
+    seconds = (span[-1]["t"] - span[0]["t"]) / 1e3
+    measured = span[1:]
+    return {
+        "mode": mode,
+        "runtime": runtime,
+        "fps": frames / seconds,
+        "ms": {s: float(np.median([h.get(s, 0.0) for h in measured])) for s in STAGES},
+        "dropped": span[-1]["dropped"] - span[0]["dropped"],
+        "presented": span[-1]["presented"] - span[0]["presented"],
+        "frames": frames,
+        "status": status,
+    }
+
+
+def main() -> None:
+    import sam2edge
+    from sam2edge.checks.bench.records import machine
+    from sam2edge.serve.site import write_site
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundles", type=Path, nargs="+")
+    ap.add_argument("--frames", type=int, default=4, help="processed frames measured per mode (after one warm-up)")
+    ap.add_argument("--modes", nargs="+", default=["wasm-1", "wasm-2"], choices=("wasm-1", "wasm-2", "webgpu"))
+    ap.add_argument("--timeout-s", type=int, default=1800)
+    ap.add_argument("--record", type=Path, help="write a sam2edge.table/1 record here (a new file)")
+    args = ap.parse_args()
+    if args.record is not None and args.record.exists():
+        raise SystemExit(f"{args.record} already exists; pass a new file to --record")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clip = Path(tmp) / "clip.y4m"
+        write_clip(clip)
+        for bundle in args.bundles:
+            card = json.loads((bundle / "card.json").read_text())
+            site = write_site(bundle, Path(tmp) / f"site-{bundle.name}")
+            size = json.loads((site / "config.json").read_text())["resolution"]
+            for mode in args.modes:
+                t0 = time.time()
+                r = run_mode(site, clip, mode, args.frames, args.timeout_s * 1000)
+                print(f"{card.get('config')} {size}px {mode}: {r['fps']:.3f} FPS {r['ms']} ({time.time() - t0:.0f} s)")
+                rows.append(
+                    {
+                        "model": card.get("config"),
+                        "resolution": size,
+                        "mode": mode,
+                        "fps": round(r["fps"], 3),
+                        **{f"{s}_ms": round(v) for s, v in r["ms"].items()},
+                        "dropped": f"{r['dropped']} of {r['presented']}",
+                    }
+                )
+    for r in rows:
+        print(r)
+    if args.record:
+        record = {
+            "schema": "sam2edge.table/1",
+            "id": args.record.stem.split("-", 1)[1],
+            "title": "Live tracking in the page with the camera (static site, LiteRT.js), fp32 --video bundles, "
+            "640x480 fake camera at 30 FPS",
+            "date": date.today().isoformat(),
+            "command": "python benchmarks/bench_browser_live.py BUNDLE --frames " + str(args.frames),
+            "machine": {k: v for k, v in machine().items() if k in ("cpu", "cores", "vector_extensions")},
+            "sam2edge": {"version": sam2edge.__version__},
+            "columns": [
+                ["model", "model"],
+                ["resolution", "px"],
+                ["mode", "LiteRT.js"],
+                ["fps", "FPS"],
+                ["encoder_ms", "encoder (ms)"],
+                ["memory_attention_ms", "memory attention (ms)"],
+                ["decoder_ms", "decoder (ms)"],
+                ["memory_encoder_ms", "memory encoder (ms)"],
+                ["dropped", "camera frames dropped"],
+            ],
+            "rows": rows,
+            "notes": [],
+        }
+        args.record.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
