@@ -100,9 +100,10 @@ def cam_browser(clip):
         b.close()
 
 
-@pytest.fixture(scope="module")
-def bundle(video_bundle_dir) -> Path:
-    return video_bundle_dir("litert")
+@pytest.fixture(scope="module", params=["sam2.1", "edgetam"])
+def bundle(request, video_bundle_dir, edgetam_video_bundle_dir) -> Path:
+    """A test-small LiteRT ``--video`` bundle of each model family (EdgeTAM's memory slots are perceiver tokens)."""
+    return (video_bundle_dir if request.param == "sam2.1" else edgetam_video_bundle_dir)("litert")
 
 
 @pytest.fixture(scope="module")

@@ -204,6 +204,7 @@ export class FramePipeline {
       C: m.d_model, M: c.mem_dim, K: c.memory_slots, P: c.max_obj_ptrs, numMaskmem: c.num_maskmem,
       maxObjPtrs: c.max_obj_ptrs, noObjScore: c.no_obj_score, stabilityDelta: m.stability.delta,
       stabilityThresh: m.stability.thresh, fillHoleArea: m.fill_hole_area, noMemEmbed: this.noMemEmbed,
+      memoryTokens: this.cfg.tracker.memory_tokens || null, // EdgeTAM: N perceiver tokens a slot; SAM 2.1: e*e map
     };
   }
 }
