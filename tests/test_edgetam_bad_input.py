@@ -84,7 +84,7 @@ def _argv(command: str, ckpt, tmp_path, clip) -> tuple[list[str], object]:
     out = tmp_path / {"segment": "mask.png", "track": "masks", "export": "bundle"}[command]
     ck = ["--checkpoint", str(ckpt), "--out", str(out)]
     if command == "segment":
-        return ["segment", "sample:astronaut.png", "--point", "100,100", *ck], out
+        return ["segment", "sample:astronaut.png", "--point", "100,100", "--overlay", str(tmp_path / "o.png"), *ck], out
     if command == "track":
         return ["track", str(clip), "--point", "0:30,20", *ck], out
     return ["export", "--target", "onnx", "--video", *ck], out
@@ -112,7 +112,7 @@ def test_bad_edgetam_checkpoint_is_one_line(files, clip, case, command, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     errors = [line for line in err if line.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and "Traceback" not in "\n".join(err), err
-    assert not out.exists(), f"{out} written"
+    assert not out.exists() and not (tmp_path / "o.png").exists(), f"{out} written"
     if case == "neither":
         assert "no SAM 2.1 or EdgeTAM image encoder" in errors[0] and str(files[case]) in errors[0], errors[0]
     else:
