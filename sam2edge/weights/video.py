@@ -154,10 +154,10 @@ def map_video_tensors(
         problems += [f"unexpected {k}" for k in left]
     if problems:
         shown = ", ".join(problems[:4]) + (f", +{len(problems) - 4} more" if len(problems) > 4 else "")
-        family = "EdgeTAM" if vcfg.perceiver_layers else "SAM 2.1"
+        family, pt = ("EdgeTAM", "edgetam.pt") if vcfg.perceiver_layers else ("SAM 2.1", "sam2.1_hiera_*.pt")
         raise WeightsError(
             f"checkpoint {source} lacks {family}'s video tensors ({shown}); pass an unmodified official"
-            f" {family} checkpoint (edgetam.pt, sam2.1_hiera_*.pt or a Hugging Face model.safetensors)"
+            f" {family} checkpoint ({pt} or a Hugging Face model.safetensors)"
         )
     return out
 
