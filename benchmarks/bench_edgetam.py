@@ -6,7 +6,8 @@ from index 7 on are timed, when all 7 memory slots are filled: the conditioning 
   original   ``edgetam-dimos`` (tests/edgetam_oracle.py: a child process with its own ``sys.path``), seeded
              perturbed weights, eager PyTorch; stages timed by wrapping its own methods and modules
   bundles    sam2edge ``export --video`` of those same weights (through the checkpoint key map, as ``edgetam.pt``
-             would load) for each ``--targets`` at fp32, tracked by ``Sam2VideoPredictor.from_export``'s backend;
+             would load) for each ``--targets`` entry (``TARGET`` at fp32 or ``TARGET:PRECISION``), tracked by
+             ``Sam2VideoPredictor.from_export``'s backend;
              its memory-encoder graph holds the perceiver, so its perceiver time is inside "memory encoder"
   sam2.1-tiny  upstream ``SAM2VideoPredictor`` (Meta's ``sam2``; official yaml at 1024 px, test-small widths for a
              reduced ``--config``), its own perturbed weights (a different model: the speed reference)
@@ -182,13 +183,15 @@ def bundles(state: dict, config: str, targets: list[str], workdir: Path, threads
     cfg, vcfg = get_config(config), get_video_config(config)
     mapped, source = load_video_weights(str(ckpt), cfg, vcfg)
     out = {}
-    for target in targets:
-        folder = workdir / f"bundle-{config}-{target}-fp32"
+    for entry in targets:
+        target, _, precision = entry.partition(":")
+        precision = precision or "fp32"
+        folder = workdir / f"bundle-{config}-{target}-{precision}"
         if not (folder / "card.json").exists():  # a --workdir bundle of an earlier run (same weights) is reused
             options = {"batch": 0}  # no batched decoder, and LiteRT without its GPU check: not measured here
             options.update({"gpu_check": "skip"} if target == "litert" else {})
             with contextlib.redirect_stderr(io.StringIO()):
-                run_export(target, config, "fp32", folder, weights=(mapped, source), video=True, options=options)
+                run_export(target, config, precision, folder, weights=(mapped, source), video=True, options=options)
         backend, _ = open_video_bundle(folder, threads=threads)
         timers = Timers()
         for attr, stage in (
@@ -199,7 +202,7 @@ def bundles(state: dict, config: str, targets: list[str], workdir: Path, threads
             ("encode_memory", "memory encoder"),
         ):
             timers.wrap(backend, attr, stage)
-        out[target] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers, folder)
+        out[entry.replace(":fp32", "")] = (Sam2VideoPredictor(backend, fill_hole_area=0), timers, folder)
     return out
 
 
@@ -279,7 +282,11 @@ def main() -> None:
     ap.add_argument("--config", default="edgetam", help="edgetam, or test-small-edgetam for a smoke run")
     ap.add_argument("--runs", type=int, default=8, help="steady-state frames timed per subject (after 7 filling)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--targets", default="litert,onnx,executorch", help="comma-separated bundle targets")
+    ap.add_argument(
+        "--targets",
+        default="litert,onnx,executorch",
+        help="comma-separated bundle targets, each TARGET (fp32) or TARGET:PRECISION (e.g. onnx:fp16)",
+    )
     ap.add_argument("--workdir", help="keep the bundles here and reuse them later (default: a temporary folder)")
     ap.add_argument("--record", help="JSON record path (default: benchmarks/records/edgetam-CONFIG-DATE.json)")
     args = ap.parse_args()

@@ -233,9 +233,57 @@ def prepare_child() -> None:
     patch_perceiver()
 
 
-def hf_edgetam_model(seed: int = 0, video: bool = False):
+def hf_config_kwargs(config) -> dict:
+    """(vision, prompt encoder, mask decoder, video) keyword arguments of transformers' EdgeTAM configs for a
+    sam2edge config name or (Sam2Config, Sam2VideoConfig) pair (``edgetam``: transformers' defaults; a reduced one:
+    its widths, a narrow RepViT through timm's ``embed_dim`` / ``depth``, its latents and RoPE grids; transformers
+    fixes the memory attention's key-value width at 64, so a reduced config for it keeps mem_dim 64)."""
+    from sam2edge.config import get_config, get_video_config
+
+    if config == "edgetam":
+        return dict(vision={}, prompt={}, decoder={}, video={}, timm={})
+    cfg, v = (get_config(config), get_video_config(config)) if isinstance(config, str) else config
+    s, d, e, m = cfg.image_size, cfg.d_model, cfg.image_embedding_size, v.mem_dim
+    return dict(
+        timm=dict(embed_dim=list(cfg.repvit_dims), depth=list(cfg.repvit_depths)),
+        vision=dict(
+            backbone_channel_list=list(reversed(cfg.repvit_dims)),
+            backbone_feature_sizes=[[4 * e, 4 * e], [2 * e, 2 * e], [e, e]],
+            fpn_hidden_size=d,
+        ),
+        prompt=dict(hidden_size=d, image_size=s, mask_input_channels=cfg.mask_in_chans),
+        decoder=dict(
+            hidden_size=d,
+            mlp_dim=cfg.decoder_mlp_dim,
+            num_attention_heads=cfg.decoder_heads,
+            iou_head_hidden_dim=cfg.iou_head_hidden_dim,
+        ),
+        video=dict(
+            image_size=s,
+            memory_attention_hidden_size=d,
+            memory_attention_num_layers=v.attn_layers,
+            memory_attention_mlp_hidden_size=v.attn_mlp_dim,
+            memory_attention_rope_feat_sizes=[e, e],
+            memory_attention_rope_k_sizes=[v.cross_rope_k_grid] * 2,
+            perceiver_resampler_num_latents=v.perceiver_latents,
+            perceiver_resampler_num_latents_2d=v.perceiver_latents_2d,
+            perceiver_resampler_hidden_size=m,
+            perceiver_resampler_mlp_intermediate_size=m * v.perceiver_ff_mult,
+            perceiver_resampler_attention_head_dim=v.perceiver_dim_head,
+            perceiver_resampler_num_layers=v.perceiver_layers,
+            memory_encoder_hidden_size=d,
+            memory_encoder_output_channels=m,
+            mask_downsampler_embed_dim=d,
+            memory_fuser_embed_dim=d,
+            memory_fuser_intermediate_dim=4 * d,
+        ),
+    )
+
+
+def hf_edgetam_model(seed: int = 0, video: bool = False, config="edgetam", **video_options):
     """transformers' ``EdgeTamModel`` / ``EdgeTamVideoModel`` with EdgeTAM's vision config (RepViT-M1 through
-    ``TimmWrapperConfig``), seeded random init + ``perturb`` (child process only: timm runs on the stand-in)."""
+    ``TimmWrapperConfig``; a reduced sam2edge ``config``: ``hf_config_kwargs``), seeded random init + ``perturb``
+    (child process only: timm runs on the stand-in). ``video_options``: more ``EdgeTamVideoConfig`` arguments."""
     import torch
     import transformers
     import transformers.utils.import_utils as iu
@@ -246,15 +294,31 @@ def hf_edgetam_model(seed: int = 0, video: bool = False):
     import transformers.models.timm_wrapper.modeling_timm_wrapper as wrapper
 
     wrapper.timm = timm  # imported there only when transformers saw torchvision
+    kw = hf_config_kwargs(config)
     backbone = transformers.TimmWrapperConfig(
-        architecture="repvit_m1", model_args={"in_chans": 3, "features_only": True, "out_indices": [0, 1, 2, 3]}
+        architecture="repvit_m1",
+        model_args={"in_chans": 3, "features_only": True, "out_indices": [0, 1, 2, 3], **kw["timm"]},
     )
-    vision = transformers.EdgeTamVisionConfig(backbone_config=backbone)
+    vision = transformers.EdgeTamVisionConfig(backbone_config=backbone, **kw["vision"])
     torch.manual_seed(seed)
     if video:
-        model = transformers.EdgeTamVideoModel(transformers.EdgeTamVideoConfig(vision_config=vision))
+        model = transformers.EdgeTamVideoModel(
+            transformers.EdgeTamVideoConfig(
+                vision_config=vision,
+                prompt_encoder_config=transformers.EdgeTamVideoPromptEncoderConfig(**kw["prompt"]),
+                mask_decoder_config=transformers.EdgeTamVideoMaskDecoderConfig(**kw["decoder"]),
+                **kw["video"],
+                **video_options,
+            )
+        )
     else:
-        model = transformers.EdgeTamModel(transformers.EdgeTamConfig(vision_config=vision))
+        model = transformers.EdgeTamModel(
+            transformers.EdgeTamConfig(
+                vision_config=vision,
+                prompt_encoder_config=transformers.EdgeTamPromptEncoderConfig(**kw["prompt"]),
+                mask_decoder_config=transformers.EdgeTamMaskDecoderConfig(**kw["decoder"]),
+            )
+        )
     perturb(model, seed + 5000)
     with torch.no_grad():  # the prompt encoder's Gaussian matrix is tied to shared_image_embedding's; keep the tie
         model.prompt_encoder.shared_embedding.positional_embedding.copy_(

@@ -441,7 +441,8 @@ def _export(target: str, ckpt, out, extra=()) -> dict:
 
 def test_onnx_export_of_an_edgetam_checkpoint(edgetam_pt, tmp_path, capsys):
     """sam2edge export --checkpoint edgetam.pt --target onnx: the bundle passes the export's fidelity bars; its card
-    names EdgeTAM, its license and its citation."""
+    names EdgeTAM, its license, its citation and the measured fidelity."""
+    from sam2edge.bundle import load_card
     from sam2edge.cli.main import main
 
     out = tmp_path / "onnx"
@@ -449,6 +450,9 @@ def test_onnx_export_of_an_edgetam_checkpoint(edgetam_pt, tmp_path, capsys):
     assert main(["card", "render", str(out)]) == 0
     readme = (out / "README.md").read_text()
     assert "# EdgeTAM" in readme and "EdgeTAM: On-Device Track Anything Model" in readme and "apache-2.0" in readme
+    assert "  - edgetam" in readme.split("---")[1]  # the front matter's tags
+    e2e = load_card(out)["fidelity"]["end_to_end"]  # the measured fidelity, as the export recorded it
+    assert f"| {e2e['iou_median']:.5f} | {e2e['iou_worst']:.5f} |" in readme
     capsys.readouterr()
 
 

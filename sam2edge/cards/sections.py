@@ -55,6 +55,10 @@ MODEL_NAMES: dict[str, tuple[str, str | None]] = {
 def front_matter(card: dict) -> list[str]:
     library, _ = TARGETS.get(card["target"], (card["target"], card["target"]))
     tags = ["sam2", "segment-anything", "mask-generation", card["target"], card["precision"], "on-device"]
+    if card.get("model_id") in MODEL_NAMES:  # the model family's own tag (e.g. edgetam)
+        tags.insert(1, card["model_id"])
+    if (card.get("extra") or {}).get("video"):
+        tags.append("video-object-tracking")
     return [
         "---",
         f"license: {card.get('license', 'apache-2.0')}",
@@ -79,7 +83,13 @@ def header(card: dict) -> list[str]:
         f"The image path of [{name}](https://huggingface.co/{card.get('base_model', '')}) "
         f"(Meta, {card.get('license', '')}) for {runtime}: an image encoder run once per image and a prompt "
         "decoder run per click (points, negative points, a box, a previous mask), checked against the "
-        "eager PyTorch model before it was written.",
+        "eager PyTorch model before it was written."
+        + (
+            " With the tracking graphs (memory attention, memory encoder, video decoder; see Video) checked the same"
+            " way over a clip."
+            if (card.get("extra") or {}).get("video")
+            else ""
+        ),
         "",
     ]
     if citation:

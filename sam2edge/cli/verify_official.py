@@ -1,5 +1,7 @@
 """``sam2edge verify-official PT SAFETENSORS``: the two official files hold bit-identical weights (SAM 2.1 or
-EdgeTAM: the model is detected from the first file's tensors)."""
+EdgeTAM: the model is detected from the first file's tensors). The image path always; the memory path too when
+both files hold it (a video model's files: ``Sam2VideoModel`` / ``EdgeTamVideoModel``), each through its strict
+key map."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     config = checkpoint_config(args.pt)
     shapes = expected_shapes(get_config(config))
     pt_name = OFFICIAL_PT.get(model_id(config), "sam2.1_hiera_tiny.pt")
-    loaded = {}
+    loaded, raw = {}, {}
     for path, name in ((args.pt, pt_name), (args.safetensors, "model.safetensors")):
         sd, fmt = read_checkpoint(path)
         digest = sha256_file(path)
@@ -36,12 +38,30 @@ def run(args: argparse.Namespace) -> int:
             official = "official" if digest == known else f"NOT the official {name}"
         print(f"{path}: sha256 {digest} ({official}); {len(sd)} tensors, {fmt} naming")
         loaded[fmt] = to_sam2edge(sd, fmt, shapes, str(path))
+        raw[fmt] = (sd, str(path))
     if set(loaded) != {"meta", "hf"}:
         raise UserError("give one Meta .pt and one HF .safetensors (both files use the same naming)")
     differ = [k for k in shapes if not torch.equal(loaded["meta"][k], loaded["hf"][k])]
     n = len(shapes)
+    video = _memory_path(raw, config)
+    if video is not None:
+        differ += [k for k in video["meta"] if not torch.equal(video["meta"][k], video["hf"][k])]
+        n += len(video["meta"])
+    part = "image-path" if video is None else "image- and memory-path"
     if differ:
-        print(f"FAIL: {len(differ)}/{n} image-path tensors differ, e.g. {', '.join(differ[:4])}")
+        print(f"FAIL: {len(differ)}/{n} {part} tensors differ, e.g. {', '.join(differ[:4])}")
         return 1
-    print(f"OK: {n}/{n} image-path tensors bit-identical (video-only tensors are not part of the image path)")
+    note = "" if video is not None else " (video-only tensors are not part of the image path)"
+    print(f"OK: {n}/{n} {part} tensors bit-identical{note}")
     return 0
+
+
+def _memory_path(raw: dict, config: str) -> dict | None:
+    """{fmt: memory-path tensors under sam2edge names} when both files hold a video model, else None."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.weights.video import map_video_tensors
+
+    if not all(any(k.startswith("memory_attention.") for k in sd) for sd, _ in raw.values()):
+        return None
+    cfg, vcfg = get_config(config), get_video_config(config)
+    return {fmt: map_video_tensors(sd, fmt, cfg, vcfg, path) for fmt, (sd, path) in raw.items()}
