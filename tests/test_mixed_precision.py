@@ -214,7 +214,7 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
 
     assert weight_dequants(()) == 2 and weight_dequants(("a",)) == 1 and weight_dequants(("a", "b")) == 0
     stored = Fp16Storage(graph, keep=("b",))
-    dtypes = {n: p.dtype for n, p in stored.graph.named_parameters()}
+    dtypes = {n: p.dtype for n, p in stored.inner.named_parameters()}
     assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.weight"] == torch.float32, dtypes
 
 
@@ -251,3 +251,44 @@ def test_reduced_exports_ship_on_the_robustness_set(robustness_set, target, prec
             kept = card["extra"].get("mixed_precision", {}).get("kept_fp32")
             bad.append((name, card["status"], e2e["iou_worst"], e2e["iou_median"], kept))
     assert not bad, (target, precision, bad)
+
+
+def test_fp16_storage_exports_a_graph_that_reads_a_parameter_directly():
+    """A graph reading one of its model's parameters outside a submodule call (EdgeTAM's frame encoder adds
+    ``model.no_mem_embed``) survives ``torch.export(...).module()``, which ExecuTorch's lowering calls: the
+    wrapper's submodule must not be named ``graph`` (the unlifted GraphModule's own attribute)."""
+    from sam2edge.export.executorch_graphs import Fp16Storage
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.embed = torch.nn.Parameter(torch.randn(8))
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Model()
+
+        def forward(self, x):
+            return self.model.lin(x) + self.model.embed
+
+    graph, x = Graph().eval(), torch.randn(2, 8)
+    module = torch.export.export(Fp16Storage(graph), (x,)).module()
+    want = graph.model.lin.weight.half().float() @ x.T
+    assert torch.allclose(module(x), want.T + graph.model.lin.bias.half().float() + graph.model.embed.half().float())
+
+
+def test_smoothing_leaves_a_convolutional_trunk_alone():
+    """EdgeTAM's RepViT has no LayerNorm -> Linear pairs: int8 smoothing calibrates nothing there (and does
+    not fail), while Hiera's blocks give one pair per norm."""
+    from sam2edge.config import get_config
+    from sam2edge.export.smooth import PAIRS, calibrate
+    from sam2edge.model import build_sam2
+
+    for name, pairs in (("test-small-edgetam", 0), ("test-small", None)):
+        cfg = get_config(name)
+        model = build_sam2(cfg).eval()
+        got = calibrate(model, cfg, photos=("horse.png",))
+        want = len(model.image_encoder.trunk.blocks) * len(PAIRS) if pairs is None else pairs
+        assert len(got) == want, (name, len(got))

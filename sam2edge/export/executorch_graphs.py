@@ -222,11 +222,11 @@ class Fp16Storage(nn.Module):
     def __init__(self, graph: nn.Module, keep: tuple[str, ...] = ()) -> None:
         """``keep``: model parts (``image_encoder.trunk.blocks.3``, names under the graph's ``model``) left fp32."""
         super().__init__()
-        self.graph = copy.deepcopy(graph)
+        self.inner = copy.deepcopy(graph)  # not ``graph``: see ``export.video.HalfGraph``
         self.stored: list[str] = []
-        owners = dict(self.graph.named_modules())
+        owners = dict(self.inner.named_modules())
         with torch.no_grad():
-            for name, p in list(self.graph.named_parameters()):
+            for name, p in list(self.inner.named_parameters()):
                 owner_name, _, leaf = name.rpartition(".")
                 owner = owners[owner_name]
                 in_model = name.removeprefix("model.")
@@ -237,6 +237,6 @@ class Fp16Storage(nn.Module):
                     self.stored.append(name)
 
     def forward(self, *args: torch.Tensor):
-        params = dict(self.graph.named_parameters())
+        params = dict(self.inner.named_parameters())
         fp32 = {n: params[n].float() for n in self.stored}  # the casts: fp16 storage -> fp32 compute
-        return torch.func.functional_call(self.graph, fp32, args, strict=False)
+        return torch.func.functional_call(self.inner, fp32, args, strict=False)

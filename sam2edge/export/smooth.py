@@ -36,8 +36,9 @@ def calibrate(model, cfg: Sam2Config, photos: tuple[str, ...] = CALIBRATION_PHOT
 
     amax: dict[str, torch.Tensor] = {}
     hooks = []
-    for i, blk in enumerate(model.image_encoder.trunk.blocks):
-        for norm in PAIRS:
+    # Hiera's blocks; a trunk without LayerNorm -> Linear pairs (RepViT: convolutions) has nothing to smooth
+    for i, blk in enumerate(getattr(model.image_encoder.trunk, "blocks", ())):
+        for norm in (n for n in PAIRS if hasattr(blk, n)):
 
             def hook(_m, _inp, out, key=f"blocks.{i}.{norm}"):
                 a = out.detach().abs().reshape(-1, out.shape[-1]).amax(0)
