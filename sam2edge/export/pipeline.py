@@ -242,6 +242,18 @@ def mixed_note(sel: dict | None) -> str:
     )
 
 
+def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
+    """The card's ``extra``: the target's facts, the video graphs, what stays fp32 and why, the measured
+    mixed-precision choice."""
+    kept = fp32_kept(target, job.precision, video)
+    return {
+        **spec.extra(job),
+        **({"video": vid.extra(job)} if video else {}),
+        **({"fp32_kept": kept} if kept else {}),
+        **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
+    }
+
+
 def run_export(
     target: str,
     config_name: str,
@@ -299,13 +311,7 @@ def run_export(
                 artifacts=dict(job.files),
                 fidelity=fidelity,
                 status="shippable" if fidelity["passed"] else "rejected",
-                extra={
-                    **spec.extra(job),
-                    **({"video": vid.extra(job)} if video else {}),
-                    **({"fp32_kept": kept} if (kept := fp32_kept(target, precision, video)) else {}),
-                    **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
-                    "stage_seconds": dict(stages.seconds),
-                },
+                extra={**_card_extra(spec, job, target, video), "stage_seconds": dict(stages.seconds)},
             )
     finally:
         stages.close()
