@@ -2,6 +2,7 @@
 
 Layout written under ``out``:
   index.html, site.js, litert.js, sam.js, style.css   the page (``static/``), relative URLs only
+  encoder.js                                          a photo's preprocessing (shared with ``serve``'s page)
   pipeline.js, tracker.js, camera.js, record.js       tracking a clip or the camera (a ``--video`` bundle)
   vendor/@litertjs/{core,wasm-utils}/                 LiteRT.js copied from node_modules (package.json, dist, wasm)
   model/                                              the bundle's files the page runs, card.json, manifest.json
@@ -32,7 +33,7 @@ from sam2edge.serve.assets import (
 
 PAGE_FILES = (  # static/ -> site root (site.html -> index.html)
     *("site.html", "site.js", "litert.js", "sam.js", "style.css"),
-    *("pipeline.js", "tracker.js", "camera.js", "record.js"),  # tracking: clip and camera
+    *("encoder.js", "pipeline.js", "tracker.js", "camera.js", "record.js"),  # preprocessing; tracking: clip, camera
 )  # static/ -> site root (site.html -> index)
 MARKER = "sam2edge-site.json"  # a folder holding this file was written by this command and may be replaced
 ENCODER_OUTPUTS = ("image_embeddings", "feat_s0", "feat_s1")

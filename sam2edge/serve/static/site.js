@@ -6,10 +6,8 @@ import { adapterInfo, loadRuntime, nameOutputs, orderInputs, runModel, setWasmDi
 import { chooseMask, encodePoints, noMaskDense, promptLayout, upsampleMask } from './sam.js';
 import { setUpLive } from './camera.js';
 import { FramePipeline } from './pipeline.js';
+import { preprocess } from './encoder.js'; // runtime.preprocess.preprocess, shared with the serve page
 
-const MEAN = [0.485, 0.456, 0.406];
-const STD = [0.229, 0.224, 0.225];
-const f32 = Math.fround;
 const $ = (id) => document.getElementById(id);
 const state = { ready: false, busy: false, image: null, error: null, decodes: 0, runtime: null, lastMask: null };
 window.sam2edge = state;
@@ -56,60 +54,6 @@ function loadPipeline(onStatus) {
     });
   }
   return pipeline;
-}
-
-// torchvision's antialiased bilinear weights along one axis (PyTorch _upsample_bilinear2d_aa).
-function aaWeights(inSize, outSize) {
-  const scale = inSize / outSize;
-  const support = scale >= 1 ? scale : 1;
-  const inv = scale >= 1 ? 1 / scale : 1;
-  const rows = [];
-  for (let i = 0; i < outSize; i++) {
-    const center = scale * (i + 0.5);
-    const xmin = Math.max(Math.trunc(center - support + 0.5), 0);
-    const xmax = Math.min(Math.trunc(center + support + 0.5), inSize);
-    const w = [];
-    let total = 0;
-    for (let j = xmin; j < xmax; j++) {
-      const x = Math.abs((j - center + 0.5) * inv);
-      const v = x < 1 ? 1 - x : 0;
-      w.push(v);
-      total += v;
-    }
-    rows.push({ xmin, w: w.map((v) => (total ? v / total : 0)) });
-  }
-  return rows;
-}
-
-// RGBA pixels (w x h) -> 1x3xSxS float32, as runtime.preprocess.preprocess.
-export function preprocess(rgba, w, h, s) {
-  const out = new Float32Array(3 * s * s);
-  const ax = aaWeights(w, s);
-  const ay = aaWeights(h, s);
-  const tmp = new Float32Array(3 * h * s); // horizontal pass: 3 x h x S
-  for (let c = 0; c < 3; c++) {
-    for (let y = 0; y < h; y++) {
-      for (let x = 0; x < s; x++) {
-        const { xmin, w: wt } = ax[x];
-        let acc = 0;
-        for (let k = 0; k < wt.length; k++) acc += wt[k] * f32(rgba[4 * (y * w + xmin + k) + c] / 255);
-        tmp[(c * h + y) * s + x] = w === s ? f32(rgba[4 * (y * w + x) + c] / 255) : acc;
-      }
-    }
-    for (let y = 0; y < s; y++) {
-      const { xmin, w: wt } = ay[y];
-      for (let x = 0; x < s; x++) {
-        let v;
-        if (h === s) v = tmp[(c * h + y) * s + x];
-        else {
-          v = 0;
-          for (let k = 0; k < wt.length; k++) v += wt[k] * tmp[(c * h + xmin + k) * s + x];
-        }
-        out[(c * s + y) * s + x] = f32(f32(f32(v) - f32(MEAN[c])) / f32(STD[c]));
-      }
-    }
-  }
-  return out;
 }
 
 async function chooseAccelerator() {
