@@ -24,6 +24,7 @@ class Target:
     library: str  # Hugging Face library_name of the model card
     runtime_package: str  # the pip package that runs the bundle
     extra: str = "export"  # the sam2edge extra that installs what the converter needs
+    int8_layers: tuple[str, ...] = ("linear",)  # encoder layer kinds its int8 recipe quantises ("linear", "conv")
 
 
 TARGETS: dict[str, Target] = {
@@ -37,6 +38,7 @@ TARGETS: dict[str, Target] = {
             "LiteRT (.tflite)",
             "litert",
             "ai-edge-litert",
+            int8_layers=("linear", "conv"),  # dynamic-range int8 of fully connected and convolution weights
         ),
         Target(
             "onnx",

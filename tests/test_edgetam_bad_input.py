@@ -117,3 +117,20 @@ def test_bad_edgetam_checkpoint_is_one_line(files, clip, case, command, tmp_path
         assert "no SAM 2.1 or EdgeTAM image encoder" in errors[0] and str(files[case]) in errors[0], errors[0]
     else:
         assert CASES[case][2] in errors[0] and "EdgeTAM" in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("target", ["onnx", "executorch"])
+def test_int8_that_would_quantise_nothing_is_refused(target, tmp_path, capsys):
+    """ONNX's and ExecuTorch's int8 quantise linear layers; EdgeTAM's RepViT encoder is convolutional, so such a
+    bundle would be fp32 under an int8 name: one line naming the alternatives, exit 2, nothing written."""
+    from sam2edge.cli.main import main
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    ckpt, out = tmp_path / "edgetam.pt", tmp_path / "bundle"
+    torch.save({"model": synthetic_video_state_dict(get_config(CONFIG), get_video_config(CONFIG), seed=2)}, ckpt)
+    rc = main(["export", "--target", target, "--precision", "int8", "--checkpoint", str(ckpt), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in "\n".join(err), err
+    assert "convolutional" in errors[0] and "--target litert --precision int8" in errors[0], errors[0]
+    assert not out.exists()

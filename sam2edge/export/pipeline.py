@@ -165,6 +165,18 @@ def check_request(target: str, precision: str) -> Target:
     return entry
 
 
+def check_int8_reaches(entry: Target, cfg: Sam2Config, config_name: str, precision: str) -> None:
+    """Refuse int8 where the target's recipe would quantise none of the encoder's arithmetic (EdgeTAM's RepViT
+    is convolutional; ONNX's and ExecuTorch's int8 quantise linear layers): the bundle would be fp32 under an
+    int8 name."""
+    kind = "conv" if cfg.trunk == "repvit" else "linear"  # the layers that carry the encoder's arithmetic
+    if precision == "int8" and kind not in entry.int8_layers:
+        raise UserError(
+            f"{entry.title} int8 quantises linear layers only and {config_name}'s image encoder is convolutional,"
+            " so nothing would be int8; export --precision fp16, or --target litert --precision int8"
+        )
+
+
 def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
     if spec.measure is not None:
         fidelity = spec.measure(job, job.reference().backend)
@@ -282,6 +294,7 @@ def run_export(
     spec: TargetSpec = resolve(entry.converter)
     vcfg = vid.check_request(spec, get_video_config(config_name), precision) if video else None
     cfg = spec.config(get_config(config_name), resolution)
+    check_int8_reaches(entry, cfg, config_name, precision)
     sd_all, source = weights if weights is not None else _load(checkpoint, cfg, vcfg)
     sd = vid.image_part(sd_all, cfg) if video else sd_all
     model = spec.model(sd, cfg, precision, spec.rewrites)
