@@ -81,7 +81,7 @@ def test_executorch_fp16_storage_holds_fp16_weights_and_computes_fp32():
 
     m, x = _Small().eval(), _x()
     s = Fp16Storage(m).eval()
-    dtypes = {n: p.dtype for n, p in s.graph.named_parameters()}
+    dtypes = {n: p.dtype for n, p in s.inner.named_parameters()}
     assert dtypes["fc1.weight"] == torch.float16 and dtypes["norm.bias"] == torch.float16
     assert dtypes["conv.weight"] == torch.float32  # convolutions keep fp32 weights (XNNPACK serializes fp32)
     with torch.no_grad():
