@@ -112,14 +112,8 @@ def site_config(bundle: Path) -> tuple[dict, list[str]]:
     card = _read_card(bundle)
     extra = card.get("extra") or {}
     _, enc_out = _io_order(extra, "encoder.tflite", ("image",), ENCODER_OUTPUTS)
-    from sam2edge.runtime.video.bundle import LATENTS_FILE
-
-    tracker, tracker_note = browser_tracker(bundle)
-    latents = []
-    if tracker and (bundle / LATENTS_FILE).is_file():  # EdgeTAM: the perceiver's latents, a memory-encoder input
-        tracker.tables["latents"] = LATENTS_FILE
-        latents = [LATENTS_FILE]
-    files = sorted({"encoder.tflite", *decoder.files, *(tracker.files if tracker else ()), *latents})
+    tracker, tracker_note = browser_tracker(bundle)  # EdgeTAM's tracker lists the perceiver's latents table too
+    files = sorted({"encoder.tflite", *decoder.files, *(tracker.files if tracker else ())})
     cfg = {
         "bundle": bundle.name,
         "config": card.get("config"),
