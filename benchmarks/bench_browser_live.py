@@ -1,7 +1,7 @@
 """Frames per second of live tracking in the static site (``sam2edge web``) with Chromium's fake camera.
 
     python benchmarks/bench_browser_live.py BUNDLE [BUNDLE ...] [--frames 4] [--modes wasm-1 wasm-2]
-        [--record benchmarks/records/92-browser-live-1024.json]
+        [--record benchmarks/records/92-browser-live-1024.json] [--driver cdp] [--clip clip.y4m] [--evidence DIR]
 
 Each BUNDLE is a LiteRT bundle exported with ``--video``. The script writes the site, serves it (with the
 COOP/COEP headers), and opens it in headless Debian chromium whose fake camera plays a 640x480 clip at 30
@@ -10,8 +10,15 @@ object, lets one frame warm up, then counts ``--frames`` processed frames: achie
 page-clock seconds; the page's per-stage milliseconds are medians over those frames; frames the camera
 presented meanwhile and the model skipped are the dropped ones. Modes: ``wasm-1`` (LiteRT.js single-threaded
 wasm: the page sees one core), ``wasm-2`` (threaded wasm, two threads), ``webgpu`` (only meaningful with a
-hardware adapter; on SwiftShader it measures a CPU emulation of a GPU). Nothing else should run meanwhile
-(``/work/bin/quiet``).
+hardware adapter; on SwiftShader it measures a CPU emulation of a GPU), ``webgpu-vulkan`` (WebGPU on the
+machine's own GPU through its Vulkan driver: ``VK_ICD_FILENAMES`` names it; the adapter the page got is recorded).
+Nothing else should run meanwhile (``/work/bin/quiet``).
+
+``--driver cdp`` drives Chromium over the DevTools pipe with the standard library alone (no playwright: for a
+GPU machine that has only Python, numpy and a Chromium folder; ``SAM2EDGE_CHROMIUM`` names the executable). A
+BUNDLE may also be a folder ``sam2edge web`` wrote (then it is served as it is), and ``--clip`` a Y4M clip
+written beforehand: with both, nothing heavier than numpy is imported. ``--evidence DIR`` keeps a screenshot of
+the page and its adapter, runtime line and console per run.
 """
 
 from __future__ import annotations
@@ -33,10 +40,92 @@ SIZE = (640, 480)
 READY = "window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)"
 
 
+def _adapter_name(a: dict) -> str:
+    """The page's WebGPU adapter in a few words, e.g. "nvidia hopper, NVIDIA H200"."""
+    return ", ".join(
+        x for x in (f"{a.get('vendor', '')} {a.get('architecture', '')}".strip(), a.get("description")) if x
+    )
+
+
 def write_clip(path: Path, frames: int = 30) -> None:
     from tests.test_browser_camera import drifting_frames, write_y4m
 
     write_y4m(path, drifting_frames(frames, SIZE, step=4, scale=2))
+
+
+def _measure(hist: list[dict], start: int, frames: int) -> dict:
+    """The page's history -> FPS over ``frames`` processed frames after frame ``start - 1``, stage medians, drops."""
+    first = next(i for i, h in enumerate(hist) if h["frame"] == start - 1)
+    span = hist[first : first + frames + 1]  # the warm frame's end stamp, then `frames` more
+    seconds = (span[-1]["t"] - span[0]["t"]) / 1e3
+    measured = span[1:]
+    return {
+        "fps": frames / seconds,
+        "ms": {s: float(np.median([h.get(s, 0.0) for h in measured])) for s in STAGES},
+        "dropped": span[-1]["dropped"] - span[0]["dropped"],
+        "presented": span[-1]["presented"] - span[0]["presented"],
+        "frames": frames,
+    }
+
+
+def run_mode_cdp(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int, evidence: Path | None) -> dict:
+    """As run_mode, through sam2edge.serve.cdp (no playwright); also the adapter the page's WebGPU got."""
+    import os
+
+    from sam2edge.serve.cdp import Chromium, static_server
+    from sam2edge.serve.chromium import HARDWARE_WEBGPU_FLAGS, QUIET_FLAGS, SWIFTSHADER_ICD, WEBGPU_FLAGS, chromium_path
+
+    fake = ["--use-fake-device-for-media-stream", f"--use-file-for-fake-video-capture={clip}"]
+    gpu = {"webgpu": WEBGPU_FLAGS, "webgpu-vulkan": HARDWARE_WEBGPU_FLAGS}.get(mode, ["--disable-gpu"])
+    args = [*QUIET_FLAGS, "--autoplay-policy=no-user-gesture-required", *fake, *gpu]
+    env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
+    if mode == "webgpu":
+        env["VK_ICD_FILENAMES"] = SWIFTSHADER_ICD
+    timeout = timeout_ms / 1e3
+    one_core = "Object.defineProperty(navigator, 'hardwareConcurrency', {get: () => 1})"
+    srv = static_server(site)
+    try:
+        with Chromium(chromium_path(), args, env) as b:
+            page = b.new_page(init_script=one_core if mode == "wasm-1" else None)
+            origin = f"http://127.0.0.1:{srv.server_address[1]}"
+            b.send("Browser.grantPermissions", {"permissions": ["videoCapture"], "origin": origin})
+            accel = "webgpu" if mode.startswith("webgpu") else "wasm"
+            page.goto(f"{origin}/?accel={accel}", timeout)
+            adapter = page.evaluate(
+                "navigator.gpu ? navigator.gpu.requestAdapter().then((a) => a && {vendor: a.info.vendor, "
+                "architecture: a.info.architecture, device: a.info.device, description: a.info.description, "
+                "isFallbackAdapter: a.info.isFallbackAdapter}) : null"
+            )
+            try:
+                page.wait_for(READY, timeout)
+                if not page.evaluate("window.sam2edge.ready"):
+                    raise SystemExit("page: " + page.evaluate("document.getElementById('status').innerText"))
+                runtime = page.evaluate("document.getElementById('runtime-status').innerText")
+                page.click_selector("#camera")
+                page.wait_for("window.sam2edge.live.processed >= 1 || window.sam2edge.error", timeout)
+                r = page.box("#live-layer")
+                page.click(r["x"] + 0.5 * r["width"], r["y"] + 0.4 * r["height"])
+                page.wait_for("window.sam2edge.live.calls.some((c) => c.op === 'add')", timeout)
+                start = page.evaluate("window.sam2edge.live.processed") + 1  # one tracked frame to warm up
+                page.wait_for(f"window.sam2edge.live.processed >= {start + frames}", timeout)
+                hist = page.evaluate("window.sam2edge.live.history")
+                status = page.evaluate("document.getElementById('status').innerText")
+            finally:
+                if evidence is not None:
+                    evidence.mkdir(parents=True, exist_ok=True)
+                    (evidence / f"{site.name}-{mode}.png").write_bytes(page.screenshot())
+                    facts = {"chromium": b.version(), "adapter": adapter, "console": page.console()}
+                    facts["stderr"] = b.stderr_tail(4000)
+                    (evidence / f"{site.name}-{mode}.json").write_text(json.dumps(facts, indent=1))
+            return {
+                "mode": mode,
+                "runtime": runtime,
+                "adapter": adapter,
+                "status": status,
+                **_measure(hist, start, frames),
+            }
+    finally:
+        srv.shutdown()
 
 
 def run_mode(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int) -> dict:
@@ -79,31 +168,31 @@ def run_mode(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int) ->
             b.close()
     finally:
         srv.shutdown()
-    first = next(i for i, h in enumerate(hist) if h["frame"] == start - 1)
-    span = hist[first : first + frames + 1]  # the warm frame's end stamp, then `frames` more
-    seconds = (span[-1]["t"] - span[0]["t"]) / 1e3
-    measured = span[1:]
-    return {
-        "mode": mode,
-        "runtime": runtime,
-        "fps": frames / seconds,
-        "ms": {s: float(np.median([h.get(s, 0.0) for h in measured])) for s in STAGES},
-        "dropped": span[-1]["dropped"] - span[0]["dropped"],
-        "presented": span[-1]["presented"] - span[0]["presented"],
-        "frames": frames,
-        "status": status,
-    }
+    return {"mode": mode, "runtime": runtime, "status": status, **_measure(hist, start, frames)}
+
+
+def _site(bundle: Path, out: Path) -> Path:
+    """A folder ``sam2edge web`` wrote is used as it is; a bundle gets its site written to ``out``."""
+    if (bundle / "sam2edge-site.json").is_file():
+        return bundle
+    from sam2edge.serve.site import write_site
+
+    return write_site(bundle, out)
 
 
 def main() -> None:
     import sam2edge
     from sam2edge.checks.bench.records import machine
-    from sam2edge.serve.site import write_site
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundles", type=Path, nargs="+")
     ap.add_argument("--frames", type=int, default=4, help="processed frames measured per mode (after one warm-up)")
-    ap.add_argument("--modes", nargs="+", default=["wasm-1", "wasm-2"], choices=("wasm-1", "wasm-2", "webgpu"))
+    ap.add_argument(
+        "--modes", nargs="+", default=["wasm-1", "wasm-2"], choices=("wasm-1", "wasm-2", "webgpu", "webgpu-vulkan")
+    )
+    ap.add_argument("--driver", choices=("playwright", "cdp"), default="playwright", help="how Chromium is driven")
+    ap.add_argument("--clip", type=Path, help="the fake camera's Y4M clip (default: written from skimage's astronaut)")
+    ap.add_argument("--evidence", type=Path, help="cdp: keep a screenshot, the adapter and the console per run here")
     ap.add_argument("--timeout-s", type=int, default=1800)
     ap.add_argument("--record", type=Path, help="write a sam2edge.table/1 record here (a new file)")
     args = ap.parse_args()
@@ -111,21 +200,26 @@ def main() -> None:
         raise SystemExit(f"{args.record} already exists; pass a new file to --record")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        clip = Path(tmp) / "clip.y4m"
-        write_clip(clip)
+        clip = args.clip or Path(tmp) / "clip.y4m"
+        if args.clip is None:
+            write_clip(clip)
         for bundle in args.bundles:
-            card = json.loads((bundle / "card.json").read_text())
-            site = write_site(bundle, Path(tmp) / f"site-{bundle.name}")
+            site = _site(bundle, Path(tmp) / f"site-{bundle.name}")
+            card = json.loads((site / "model" / "card.json").read_text())
             size = json.loads((site / "config.json").read_text())["resolution"]
             for mode in args.modes:
                 t0 = time.time()
-                r = run_mode(site, clip, mode, args.frames, args.timeout_s * 1000)
+                if args.driver == "cdp":
+                    r = run_mode_cdp(site, clip, mode, args.frames, args.timeout_s * 1000, args.evidence)
+                else:
+                    r = run_mode(site, clip, mode, args.frames, args.timeout_s * 1000)
                 print(f"{card.get('config')} {size}px {mode}: {r['fps']:.3f} FPS {r['ms']} ({time.time() - t0:.0f} s)")
+                print(f"  {r['runtime']} · adapter {r.get('adapter')} · {r['status']}")
                 rows.append(
                     {
                         "model": card.get("config"),
                         "resolution": size,
-                        "mode": mode,
+                        "mode": mode if not r.get("adapter") else f"{mode} ({_adapter_name(r['adapter'])})",
                         "fps": round(r["fps"], 3),
                         **{f"{s}_ms": round(v) for s, v in r["ms"].items()},
                         "dropped": f"{r['dropped']} of {r['presented']}",

@@ -32,6 +32,16 @@ WEBGPU_FLAGS = [
     "--enable-unsafe-swiftshader",
 ]
 SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
+# WebGPU on the machine's own GPU through Vulkan (the Vulkan driver found by the loader: VK_ICD_FILENAMES or the
+# system's ICD files), never SwiftShader; headless, so no Vulkan surface. Not yet run on a hardware GPU here.
+HARDWARE_WEBGPU_FLAGS = [
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--use-angle=vulkan",
+    "--use-vulkan=native",
+    "--disable-vulkan-surface",
+    "--ignore-gpu-blocklist",
+]
 
 
 def chromium_path() -> Path:
