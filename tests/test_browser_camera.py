@@ -100,10 +100,32 @@ def cam_browser(clip):
         b.close()
 
 
-@pytest.fixture(scope="module", params=["sam2.1", "edgetam"])
+@pytest.fixture(scope="module", params=["sam2.1", "edgetam", pytest.param("edgetam-512", marks=pytest.mark.slow)])
 def bundle(request, video_bundle_dir, edgetam_video_bundle_dir) -> Path:
-    """A test-small LiteRT ``--video`` bundle of each model family (EdgeTAM's memory slots are perceiver tokens)."""
+    """A test-small LiteRT ``--video`` bundle of each model family (EdgeTAM's memory slots are perceiver tokens);
+    under ``-m slow`` also full-size EdgeTAM at 512 px."""
+    if request.param == "edgetam-512":
+        return request.getfixturevalue("edgetam_full_512")
     return (video_bundle_dir if request.param == "sam2.1" else edgetam_video_bundle_dir)("litert")
+
+
+@pytest.fixture(scope="module")
+def edgetam_full_512(tmp_path_factory) -> Path:
+    """Full-size EdgeTAM (RepViT-M1, 256 + 256 latents) at 512 px, perturbed synthetic weights with the
+    object-score head lifted, exported as a LiteRT fp32 ``--video`` bundle (minutes)."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    sd = synthetic_video_state_dict(get_config("edgetam").at_resolution(512), get_video_config("edgetam", 512), seed=3)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += 10.0
+    out = tmp_path_factory.mktemp("edgetam512") / "bundle"
+    source = {"checkpoint": "synthetic edgetam", "format": "meta", "sha256": None}
+    run_export(
+        "litert", "edgetam", "fp32", out, resolution=512, weights=(sd, source), clicks=4, video=True,
+        options={"batch": 0},
+    )  # fmt: skip
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +147,10 @@ def open_live(browser, folder: Path, camera: bool, query: str = "accel=wasm&keep
     page.wait_for_function("window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)", timeout=TIMEOUT_MS)
     assert page.evaluate("window.sam2edge.ready"), page.inner_text("#status")
     return srv, ctx, page, logs
+
+
+def _site_px(site: Path) -> int:
+    return __import__("json").loads((site / "config.json").read_text())["resolution"]
 
 
 def uncaught(logs: list[str]) -> list[str]:
@@ -173,7 +199,7 @@ def test_camera_tracking_equals_python(cam_browser, site, bundle, clip_webm, tmp
     try:
         page.click("#camera")
         _wait_processed(page, 2)
-        assert page.is_visible("#live-layer") and page.inner_text("#resolution") == "256 px"
+        assert page.is_visible("#live-layer") and page.inner_text("#resolution") == f"{_site_px(site)} px"
         page.click("#record")
         page.mouse.click(*_xy(page, 0.55 * w, 0.35 * h))  # object 1: a point
         page.wait_for_function("window.sam2edge.live.calls.some((c) => c.op === 'add')", timeout=TIMEOUT_MS)
