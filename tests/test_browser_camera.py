@@ -341,6 +341,7 @@ def small_video_128(tmp_path_factory, video_checkpoint) -> Path:
     return built_once(tmp_path_factory, "video-litert-128", build)
 
 
+@pytest.mark.slow  # one more test-small --video export (128 px); move to CI once it has a measured runtime there
 def test_site_of_two_resolutions_switches_model(cam_browser, video_bundle_dir, small_video_128, small_bundle, tmp_path):
     """`sam2edge web B256 B128`: both resolutions in one site (model/<px>/, one manifest); refused in one line for
     bundles of other weights or of one resolution twice. In the page the picker switches model while the camera
