@@ -1,9 +1,12 @@
 """Frames per second of live tracking in the static site (``sam2edge web``) with Chromium's fake camera.
 
     python benchmarks/bench_browser_live.py BUNDLE [BUNDLE ...] [--frames 4] [--modes wasm-1 wasm-2]
-        [--record benchmarks/records/92-browser-live-1024.json] [--driver cdp] [--clip clip.y4m] [--evidence DIR]
+        [--record benchmarks/records/92-browser-live-1024.json [--replace]] [--driver cdp] [--clip clip.y4m]
+        [--evidence DIR]
 
-Each BUNDLE is a LiteRT bundle exported with ``--video``. The script writes the site, serves it (with the
+Each BUNDLE is a LiteRT bundle exported with ``--video``: any models, each at any resolutions (e.g. EdgeTAM and
+SAM 2.1-tiny, each exported with ``--resolution 1024`` and ``512``); rows are per model, resolution and mode, and
+the record's notes name every bundle's export. For each bundle the script writes the site, serves it (with the
 COOP/COEP headers), and opens it in headless Debian chromium whose fake camera plays a 640x480 clip at 30
 frames per second (skimage's astronaut under a drifting window, Y4M, looped). It presses Camera, taps one
 object, lets one frame warm up, then counts ``--frames`` processed frames: achieved FPS = processed frames /
@@ -195,10 +198,17 @@ def main() -> None:
     ap.add_argument("--evidence", type=Path, help="cdp: keep a screenshot, the adapter and the console per run here")
     ap.add_argument("--timeout-s", type=int, default=1800)
     ap.add_argument("--record", type=Path, help="write a sam2edge.table/1 record here (a new file)")
+    ap.add_argument("--replace", action="store_true", help="--record may replace an existing record")
     args = ap.parse_args()
-    if args.record is not None and args.record.exists():
-        raise SystemExit(f"{args.record} already exists; pass a new file to --record")
-    rows = []
+    if args.record is not None and args.record.exists() and not args.replace:
+        raise SystemExit(f"{args.record} already exists; pass a new file to --record (or add --replace)")
+    for bundle in args.bundles:
+        if (bundle / "sam2edge-site.json").is_file():
+            continue  # a site ``sam2edge web`` wrote: its page says whether it tracks
+        card = json.loads((bundle / "card.json").read_text()) if (bundle / "card.json").is_file() else {}
+        if not (card.get("extra") or {}).get("video"):
+            raise SystemExit(f"{bundle} is not a --video bundle; export it with `sam2edge export ... --video`")
+    rows, exports = [], []
     with tempfile.TemporaryDirectory() as tmp:
         clip = args.clip or Path(tmp) / "clip.y4m"
         if args.clip is None:
@@ -207,6 +217,7 @@ def main() -> None:
             site = _site(bundle, Path(tmp) / f"site-{bundle.name}")
             card = json.loads((site / "model" / "card.json").read_text())
             size = json.loads((site / "config.json").read_text())["resolution"]
+            exports.append(_export_note(bundle, card))
             for mode in args.modes:
                 t0 = time.time()
                 if args.driver == "cdp":
@@ -234,7 +245,7 @@ def main() -> None:
             "title": "Live tracking in the page with the camera (static site, LiteRT.js), fp32 --video bundles, "
             "640x480 fake camera at 30 FPS",
             "date": date.today().isoformat(),
-            "command": "python benchmarks/bench_browser_live.py BUNDLE --frames " + str(args.frames),
+            "command": "python benchmarks/bench_browser_live.py " + " ".join(_argv(args)),
             "machine": {k: v for k, v in machine().items() if k in ("cpu", "cores", "vector_extensions")},
             "sam2edge": {"version": sam2edge.__version__},
             "columns": [
@@ -249,9 +260,46 @@ def main() -> None:
                 ["dropped", "camera frames dropped"],
             ],
             "rows": rows,
-            "notes": [],
+            "notes": [*exports, *_goal_notes(rows)],
         }
         args.record.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The command line with each bundle as its folder name (the notes say how each was exported)."""
+    out = [b.name for b in args.bundles] + ["--frames", str(args.frames), "--modes", *args.modes]
+    out += ["--driver", args.driver] if args.driver != "playwright" else []
+    return out + (["--record", str(args.record), "--replace"] if args.record else [])
+
+
+def _export_note(bundle: Path, card: dict) -> str:
+    """How ``bundle`` was made, from its card."""
+    src = card.get("source") or {}
+    ckpt = src.get("checkpoint") or "synthetic"
+    weights = "synthetic weights" if ckpt == "synthetic" or src.get("sha256") is None else f"checkpoint {ckpt}"
+    return (
+        f"{bundle.name}: sam2edge export --target litert --config {card.get('config')} --precision "
+        f"{card.get('precision')} --resolution {card.get('resolution')} --video ({weights}; speed does not depend on "
+        "the weights' values)"
+    )
+
+
+def _goal_notes(rows: list[dict]) -> list[str]:
+    """The >= 1 FPS goal on 2 wasm threads, per model: met at which resolutions, measured FPS otherwise."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        two = [r for r in rows if r["model"] == model and r["mode"] == "wasm-2"]
+        if not two:
+            continue
+        met = [f"{r['resolution']} px ({r['fps']:.2f} FPS)" for r in two if r["fps"] >= 1.0]
+        missed = [f"{r['resolution']} px ({r['fps']:.2f} FPS)" for r in two if r["fps"] < 1.0]
+        out.append(
+            f"{model}, >= 1 FPS on 2 wasm threads: "
+            + (f"met at {', '.join(met)}" if met else "not met")
+            + (f"; not met at {', '.join(missed)}" if missed else "")
+            + "."
+        )
+    return out
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ same for the other sizes, each keeping what tells its size apart (``SIZES`` pair
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 
@@ -222,9 +223,21 @@ class Sam2VideoConfig:
     perceiver_ff_mult: int = 4  # perceiver FF hidden = mem_dim * ff_mult
     perceiver_self_attn: bool = True  # self-attention + FF among the latents in every layer
     # cross-attention RoPE grids (upstream RoPEAttentionv2 q_sizes / k_sizes); 0: the frame's grid for both (SAM
-    # 2.1's RoPEAttention with rope_k_repeat); the query grid must be the frame's e x e grid
+    # 2.1's RoPEAttention with rope_k_repeat); the query grid is the frame's e x e grid (``at_resolution``)
     cross_rope_q_grid: int = 0
     cross_rope_k_grid: int = 0  # side of the 2-D latents' grid; the global latents of a frame get no RoPE
+
+    def at_resolution(self, image_size: int) -> Sam2VideoConfig:
+        """The same memory path for frames of ``image_size`` px (an e x e grid, e = image_size / 16): the
+        cross-attention's query RoPE grid follows the frame (the original built with ``image_size`` and
+        ``q_sizes`` [e, e]); the 2-D latents keep their G x G grid and read e/G x e/G windows (the original's
+        ``window_size = H // num_window``). ValueError when G does not divide e."""
+        e = image_size // 16
+        g = math.isqrt(self.perceiver_latents_2d)
+        if self.perceiver_layers and e % g:
+            sides = ", ".join(str(16 * g * k) for k in (2, 3, 4))
+            raise ValueError(f"resolution {image_size}: the {g}x{g} memory latents need a side of 16*{g}*k ({sides})")
+        return replace(self, cross_rope_q_grid=e if self.cross_rope_q_grid else 0)
 
     @property
     def memory_tokens(self) -> int | None:
@@ -290,11 +303,14 @@ VIDEO_CONFIGS: dict[str, Sam2VideoConfig] = {
 }
 
 
-def get_video_config(name: str) -> Sam2VideoConfig:
+def get_video_config(name: str, image_size: int | None = None) -> Sam2VideoConfig:
+    """The memory path of config ``name``, at ``image_size`` px (``Sam2VideoConfig.at_resolution``; None: the
+    config's own resolution)."""
     try:
-        return VIDEO_CONFIGS[name]
+        vcfg = VIDEO_CONFIGS[name]
     except KeyError:
         raise ValueError(f"unknown config {name!r}; choose one of {sorted(VIDEO_CONFIGS)}") from None
+    return vcfg if image_size is None else vcfg.at_resolution(image_size)
 
 
 def config_name(cfg: Sam2Config) -> str:

@@ -344,18 +344,23 @@ def perturb(module, seed: int):
     return module.eval()
 
 
-def reduced_overrides(config: str) -> list[str]:
-    """Hydra overrides of configs/edgetam.yaml for a sam2edge config (none for ``edgetam``); sets the narrow RepViT
-    in ``_TIMM_OVERRIDES``."""
+def reduced_overrides(config: str, image_size: int | None = None) -> list[str]:
+    """Hydra overrides of configs/edgetam.yaml for a sam2edge config at ``image_size`` px (None: the config's own;
+    none for ``edgetam`` at 1024; at another size its ``image_size`` and the cross-attention's query RoPE grid
+    ``q_sizes``, the frame's e x e grid); sets the narrow RepViT in ``_TIMM_OVERRIDES``."""
     from sam2edge.config import get_config, get_video_config
 
     cfg = get_config(config)
+    cfg = cfg if image_size is None else cfg.at_resolution(image_size)
+    e = cfg.image_embedding_size
     _TIMM_OVERRIDES.clear()
     if config == "edgetam":
-        return []
+        q_sizes = f"++model.memory_attention.layer.cross_attention.q_sizes=[{e},{e}]"
+        sized = [f"++model.image_size={cfg.image_size}", q_sizes]
+        return [] if cfg.image_size == 1024 else sized
     _TIMM_OVERRIDES.update(embed_dim=tuple(cfg.repvit_dims), depth=tuple(cfg.repvit_depths))
-    v = get_video_config(config)
-    d, m, e, g = cfg.d_model, v.mem_dim, cfg.image_embedding_size, v.cross_rope_k_grid
+    v = get_video_config(config, cfg.image_size)
+    d, m, g = cfg.d_model, v.mem_dim, v.cross_rope_k_grid
     enc, att, mem, per = (
         "++model.image_encoder.",
         "++model.memory_attention.",
@@ -391,7 +396,7 @@ def reduced_overrides(config: str) -> list[str]:
     ]
 
 
-def _rebuild_heads(model, config: str) -> None:
+def _rebuild_heads(model, config: str, image_size: int | None = None) -> None:
     """The prompt encoder and mask decoder at the config's widths (SAM2Base fixes mask_in_chans 16, 8 heads, MLP
     2048 and IoU hidden 256; reduced configs shrink them), with SAM2Base._build_sam_heads' flags."""
     from sam2.modeling.sam.mask_decoder import MaskDecoder
@@ -401,6 +406,7 @@ def _rebuild_heads(model, config: str) -> None:
     from sam2edge.config import get_config
 
     cfg = get_config(config)
+    cfg = cfg if image_size is None else cfg.at_resolution(image_size)
     e = cfg.image_embedding_size
     model.sam_prompt_encoder = PromptEncoder(
         embed_dim=cfg.d_model,
@@ -425,18 +431,19 @@ def _rebuild_heads(model, config: str) -> None:
     )
 
 
-def build_original(config: str = "edgetam", seed: int = 0, video: bool = False):
-    """The original EdgeTAM (``SAM2Base``, or ``SAM2VideoPredictor`` when ``video``) for a sam2edge config name,
-    seeded random init + ``perturb``, eval mode, on the CPU (child process only)."""
+def build_original(config: str = "edgetam", seed: int = 0, video: bool = False, image_size: int | None = None):
+    """The original EdgeTAM (``SAM2Base``, or ``SAM2VideoPredictor`` when ``video``) for a sam2edge config name at
+    ``image_size`` px (None: the config's), seeded random init + ``perturb``, eval mode, on the CPU (child process
+    only)."""
     import torch
     from sam2.build_sam import build_sam2, build_sam2_video_predictor
 
-    overrides = reduced_overrides(config)
+    overrides = reduced_overrides(config, image_size)
     torch.manual_seed(seed)
     build = build_sam2_video_predictor if video else build_sam2
     model = build(YAML, None, device="cpu", mode="eval", hydra_overrides_extra=overrides)
     if config != "edgetam":
-        _rebuild_heads(model, config)
+        _rebuild_heads(model, config, image_size)
     model = perturb(model, seed + 4000)
     if video:
         with torch.no_grad():

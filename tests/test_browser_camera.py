@@ -100,10 +100,32 @@ def cam_browser(clip):
         b.close()
 
 
-@pytest.fixture(scope="module", params=["sam2.1", "edgetam"])
+@pytest.fixture(scope="module", params=["sam2.1", "edgetam", pytest.param("edgetam-512", marks=pytest.mark.slow)])
 def bundle(request, video_bundle_dir, edgetam_video_bundle_dir) -> Path:
-    """A test-small LiteRT ``--video`` bundle of each model family (EdgeTAM's memory slots are perceiver tokens)."""
+    """A test-small LiteRT ``--video`` bundle of each model family (EdgeTAM's memory slots are perceiver tokens);
+    under ``-m slow`` also full-size EdgeTAM at 512 px."""
+    if request.param == "edgetam-512":
+        return request.getfixturevalue("edgetam_full_512")
     return (video_bundle_dir if request.param == "sam2.1" else edgetam_video_bundle_dir)("litert")
+
+
+@pytest.fixture(scope="module")
+def edgetam_full_512(tmp_path_factory) -> Path:
+    """Full-size EdgeTAM (RepViT-M1, 256 + 256 latents) at 512 px, perturbed synthetic weights with the
+    object-score head lifted, exported as a LiteRT fp32 ``--video`` bundle (minutes)."""
+    from sam2edge.config import get_config, get_video_config
+    from sam2edge.export.pipeline import run_export
+    from sam2edge.weights.video import synthetic_video_state_dict
+
+    sd = synthetic_video_state_dict(get_config("edgetam").at_resolution(512), get_video_config("edgetam", 512), seed=3)
+    sd["sam_mask_decoder.pred_obj_score_head.layers.2.bias"] += 10.0
+    out = tmp_path_factory.mktemp("edgetam512") / "bundle"
+    source = {"checkpoint": "synthetic edgetam", "format": "meta", "sha256": None}
+    run_export(
+        "litert", "edgetam", "fp32", out, resolution=512, weights=(sd, source), clicks=4, video=True,
+        options={"batch": 0},
+    )  # fmt: skip
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +147,10 @@ def open_live(browser, folder: Path, camera: bool, query: str = "accel=wasm&keep
     page.wait_for_function("window.sam2edge && (window.sam2edge.ready || window.sam2edge.error)", timeout=TIMEOUT_MS)
     assert page.evaluate("window.sam2edge.ready"), page.inner_text("#status")
     return srv, ctx, page, logs
+
+
+def _site_px(site: Path) -> int:
+    return __import__("json").loads((site / "config.json").read_text())["resolution"]
 
 
 def uncaught(logs: list[str]) -> list[str]:
@@ -173,7 +199,7 @@ def test_camera_tracking_equals_python(cam_browser, site, bundle, clip_webm, tmp
     try:
         page.click("#camera")
         _wait_processed(page, 2)
-        assert page.is_visible("#live-layer") and page.inner_text("#resolution") == "256 px"
+        assert page.is_visible("#live-layer") and page.inner_text("#resolution") == f"{_site_px(site)} px"
         page.click("#record")
         page.mouse.click(*_xy(page, 0.55 * w, 0.35 * h))  # object 1: a point
         page.wait_for_function("window.sam2edge.live.calls.some((c) => c.op === 'add')", timeout=TIMEOUT_MS)
@@ -297,3 +323,79 @@ def test_camera_denied_and_bad_bundles(cam_browser, site, small_bundle, tmp_path
     finally:
         ctx.close()
         srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def small_video_128(tmp_path_factory, video_checkpoint) -> Path:
+    """The test-small ``--video`` LiteRT bundle of ``video_checkpoint`` at 128 px (``video_bundle_dir`` is 256)."""
+    from once import built_once
+
+    from sam2edge.export.pipeline import run_export
+
+    def build(out: Path) -> None:
+        run_export(
+            "litert", "test-small", "fp32", out, resolution=128, checkpoint=str(video_checkpoint), clicks=4,
+            video=True, options={"batch": 0},
+        )  # fmt: skip
+
+    return built_once(tmp_path_factory, "video-litert-128", build)
+
+
+@pytest.mark.slow  # one more test-small --video export (128 px); move to CI once it has a measured runtime there
+def test_site_of_two_resolutions_switches_model(cam_browser, video_bundle_dir, small_video_128, small_bundle, tmp_path):
+    """`sam2edge web B256 B128`: both resolutions in one site (model/<px>/, one manifest); refused in one line for
+    bundles of other weights or of one resolution twice. In the page the picker switches model while the camera
+    runs: graphs reloaded, tracking reset (said on the page), and the masks after the switch equal
+    Sam2VideoPredictor on the 128 px bundle."""
+    b256 = video_bundle_dir("litert")
+    for argv, why in (
+        ([str(b256), str(small_bundle("litert"))], "same checkpoint"),
+        ([str(b256), str(b256)], "two bundles are at 256 px"),
+    ):
+        assert main(["web", *argv, "--out", str(tmp_path / "refused")]) == 2
+        assert not (tmp_path / "refused").exists(), why
+    site = tmp_path / "site"
+    assert main(["web", str(b256), str(small_video_128), "--out", str(site)]) == 0
+    cfg = __import__("json").loads((site / "config.json").read_text())
+    assert cfg["resolutions"] == [128, 256] and cfg["resolution"] == 256 and sorted(cfg["models"]) == ["128", "256"]
+    assert cfg["models"]["128"]["tracker"]["graphs"]["memory-attention"]["url"].startswith("model/128/")
+    assert (site / "model/128/memory_attention.tflite").is_file() and (site / "model/256/encoder.tflite").is_file()
+    w, h = SIZE
+    srv, ctx, page, logs = open_live(cam_browser, site, camera=True)
+    try:
+        assert page.is_visible("#resolution") and page.inner_text("#resolution").split() == ["128", "px", "256", "px"]
+        page.click("#camera")
+        _wait_processed(page, 1)
+        page.mouse.click(*_xy(page, 0.55 * w, 0.35 * h))
+        page.wait_for_function(f"{LIVE}.calls.some((c) => c.op === 'track')", timeout=TIMEOUT_MS)
+        page.select_option("#resolution", "128")
+        page.wait_for_function("document.body.dataset.resolution === '128'", timeout=TIMEOUT_MS)
+        page.wait_for_function(f"{LIVE}.running && {LIVE}.processed >= 1", timeout=TIMEOUT_MS)
+        status = page.inner_text("#status")
+        assert "model resolution 128 px: graphs reloaded, tracking reset" in status, status
+        assert page.evaluate(f"{LIVE}.calls.length") == 0  # a new tracker: no objects
+        page.mouse.click(*_xy(page, 0.55 * w, 0.35 * h))
+        page.wait_for_function(f"{LIVE}.calls.some((c) => c.op === 'track')", timeout=TIMEOUT_MS)
+        n = page.evaluate(f"{LIVE}.processed")
+        _wait_processed(page, n + 2)
+        page.evaluate(f"{LIVE}.stop()")
+        kept = f"{LIVE}.kept.map((k) => [k.frame, k.lows.length])"
+        live = page.evaluate(f"(() => ({{calls: {LIVE}.calls, kept: {kept}}}))()")
+        frames = [
+            np.frombuffer(base64.b64decode(page.evaluate(f"{LIVE}.frameB64({i})")), np.uint8).reshape(h, w, 3)
+            for i in range(len(live["kept"]))
+        ]
+        got = {
+            f: np.frombuffer(base64.b64decode(page.evaluate(f"{LIVE}.maskB64({f}, 0)")), np.uint8).reshape(h, w) > 0
+            for f, n_obj in live["kept"]
+            if n_obj
+        }
+        assert not uncaught(logs), logs
+    finally:
+        ctx.close()
+        srv.shutdown()
+    want = _replay(small_video_128, frames, live["calls"], cfg["models"]["128"]["tracker"]["config"]["max_obj_ptrs"])
+    assert len(got) >= 3 and set(got) <= set(want)
+    for f in got:
+        assert want[f].shape == (1, h, w) and mask_iou(got[f], want[f][0]) >= 0.999, (f, mask_iou(got[f], want[f][0]))
+    assert any(0.005 < want[f][0].mean() < 0.995 for f in got)  # the object is really tracked

@@ -235,7 +235,7 @@ OUT["steps"] = session(model, IN["folder"])
 """
 
 BUILD_ORIGINAL = """
-model = build_original(IN["config"], IN["seed"], video=True)
+model = build_original(IN["config"], IN["seed"], video=True, image_size=IN["image_size"])
 """
 
 # Two objects prompted on frame 0 (a click, a box), forward; both corrected on a tracked later frame (points on
@@ -302,6 +302,7 @@ def _track_parity(tmp_path, cfg, vcfg, build: str, config_name: str, seed: int, 
     inputs = dict(
         seed=seed,
         config=config_name,
+        image_size=cfg.image_size,
         vcfg=dataclasses.asdict(vcfg),
         build=textwrap.dedent(build),
         session=textwrap.dedent(SESSION),
@@ -336,6 +337,37 @@ def test_tracking_matches_original_full(tmp_path):
     """EdgeTAM at 1024 px from configs/edgetam.yaml (RepViT-M1, 256 + 256 latents), 8 frames of 320x240."""
     cfg, vcfg = get_config("edgetam"), get_video_config("edgetam")
     worst = _track_parity(tmp_path, cfg, vcfg, BUILD_ORIGINAL, "edgetam", 0, 8, (320, 240))
+    print(f"worst IoU {worst:.6f}")
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_tracking_matches_original_at_another_resolution(tmp_path, seed):
+    """test-small-edgetam at 384 px (a 24x24 frame grid; the 4x4 2-D latents read 6x6 windows, 4x4 at 256 px): our
+    predictor with the video config at that size == the original built with ``image_size`` 384 and its
+    cross-attention ``q_sizes`` [24, 24]."""
+    cfg = get_config("test-small-edgetam").at_resolution(384)
+    vcfg = get_video_config("test-small-edgetam", 384)
+    assert (vcfg.cross_rope_q_grid, vcfg.cross_rope_k_grid) == (24, 4)
+    worst = _track_parity(tmp_path, cfg, vcfg, BUILD_ORIGINAL, "test-small-edgetam", seed, 4, (200, 150))
+    print(f"worst IoU {worst:.6f}")
+
+
+def test_video_config_follows_the_resolution():
+    """EdgeTAM's query RoPE grid is the frame's at every size; a size whose grid the 16x16 latents cannot tile is
+    refused in one line naming sizes that work; SAM 2.1's memory path does not depend on the size."""
+    assert get_video_config("edgetam").cross_rope_q_grid == 64
+    assert [get_video_config("edgetam", s).cross_rope_q_grid for s in (512, 768, 1024)] == [32, 48, 64]
+    assert get_video_config("sam2.1-hiera-tiny", 512) == get_video_config("sam2.1-hiera-tiny")
+    with pytest.raises(ValueError, match=r"resolution 800: the 16x16 memory latents need .*\(512, 768, 1024\)"):
+        get_video_config("edgetam", 800)
+
+
+@pytest.mark.slow
+def test_tracking_matches_original_full_512(tmp_path):
+    """EdgeTAM at 512 px (a 32x32 frame grid, 2x2 windows per 2-D latent): ours == the original with image_size 512
+    and q_sizes [32, 32], 6 frames of 320x240."""
+    cfg, vcfg = get_config("edgetam").at_resolution(512), get_video_config("edgetam", 512)
+    worst = _track_parity(tmp_path, cfg, vcfg, BUILD_ORIGINAL, "edgetam", 0, 6, (320, 240))
     print(f"worst IoU {worst:.6f}")
 
 

@@ -292,8 +292,8 @@ def run_export(
     entry = check_request(target, precision)
     out = guard_out(out, (checkpoint,))
     spec: TargetSpec = resolve(entry.converter)
-    vcfg = vid.check_request(spec, get_video_config(config_name), precision) if video else None
     cfg = spec.config(get_config(config_name), resolution)
+    vcfg = vid.check_request(spec, get_video_config(config_name, cfg.image_size), precision) if video else None
     check_int8_reaches(entry, cfg, config_name, precision)
     sd_all, source = weights if weights is not None else _load(checkpoint, cfg, vcfg)
     sd = vid.image_part(sd_all, cfg) if video else sd_all

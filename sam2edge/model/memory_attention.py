@@ -163,7 +163,7 @@ class MemoryAttention(nn.Module):
         if vcfg.cross_rope_q_grid not in (0, e):
             raise ValueError(
                 f"cross-attention RoPE query grid {vcfg.cross_rope_q_grid} is not the frame's {e}x{e} grid"
-                f" (image size {cfg.image_size}); use image size {16 * vcfg.cross_rope_q_grid}"
+                f" (image size {cfg.image_size}); take the video config at this size (get_video_config)"
             )
         cos, sin = rope_tables(cfg.d_model, e, vcfg.attn_heads, vcfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)  # (HW, C)

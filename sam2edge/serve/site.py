@@ -6,7 +6,9 @@ Layout written under ``out``:
   pipeline.js, tracker.js, camera.js, record.js       tracking a clip or the camera (a ``--video`` bundle)
   vendor/@litertjs/{core,wasm-utils}/                 LiteRT.js copied from node_modules (package.json, dist, wasm)
   model/                                              the bundle's files the page runs, card.json, manifest.json
-  config.json                                         what the page loads: graphs, I/O order, resolution, tracker
+                                                      (several bundles: model/<resolution>/..., one manifest)
+  config.json                                         what the page loads: graphs, I/O order, resolution, tracker;
+                                                      with several bundles ``models`` holds each resolution's entry
   README.md                                           how to serve it (COOP/COEP) and the single-thread fallback
   sam2edge-site.json                                  the marker that lets a later run replace this folder
 The page checks every model file's SHA-256 against ``model/manifest.json`` (Web Crypto) before use.
@@ -73,6 +75,11 @@ serve over https, or open it as http://localhost.
 Bundle: {bundle} ({config}, {size} px). Tracking: {tracking}.
 """
 
+SEVERAL = """
+Model resolutions offered by the page's picker: {sizes} px (one bundle each, same weights; switching reloads
+the graphs and resets tracking).
+"""
+
 
 def _check_out(out: Path) -> None:
     """Refuse an ``out`` that is a file, or a non-empty folder this command did not write."""
@@ -101,8 +108,9 @@ def _listing(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()}
 
 
-def site_config(bundle: Path) -> tuple[dict, list[str]]:
-    """(config.json for the page, bundle files the page needs) for a LiteRT bundle; UserError when it has none."""
+def site_config(bundle: Path, prefix: str = "model/") -> tuple[dict, list[str]]:
+    """(config.json for the page, bundle files the page needs) for a LiteRT bundle whose files the site holds under
+    ``prefix``; UserError when it has none."""
     decoder, why = browser_decoder(bundle)
     if decoder is None:
         raise UserError(f"{why}; export it with `sam2edge export --target litert`")
@@ -117,10 +125,10 @@ def site_config(bundle: Path) -> tuple[dict, list[str]]:
     cfg = {
         "bundle": bundle.name,
         "config": card.get("config"),
-        "resolution": int(card.get("image_size") or extra.get("image_size") or 0),
-        "encoder": {"url": "model/encoder.tflite", "outputs": list(enc_out)},
-        "decoder": decoder.describe("model/"),
-        "tracker": tracker.describe("model/") if tracker else None,
+        "resolution": int(card.get("resolution") or card.get("image_size") or extra.get("image_size") or 0),
+        "encoder": {"url": prefix + "encoder.tflite", "outputs": list(enc_out)},
+        "decoder": decoder.describe(prefix),
+        "tracker": tracker.describe(prefix) if tracker else None,
         "tracker_note": tracker_note or "",
         "manifest": "model/manifest.json",
         "litertjs": litertjs_version(),
@@ -128,24 +136,61 @@ def site_config(bundle: Path) -> tuple[dict, list[str]]:
     return cfg, files
 
 
-def write_site(bundle: str | Path, out: str | Path) -> Path:
-    """Write the static site for ``bundle`` into ``out`` (staged next to it, then moved in place)."""
-    bundle, out = Path(bundle), Path(out)
-    if not (bundle / "card.json").is_file():
-        raise UserError(f"{bundle} is not a bundle folder (no card.json); pass a folder from `sam2edge export`")
+def _entry(bundle: Path, prefix: str) -> tuple[dict, list[str]]:
+    """One bundle's config.json entry (files under ``prefix``) and the files the page needs of it."""
+    cfg, files = site_config(bundle, prefix)
+    if not cfg["resolution"]:
+        cfg["resolution"] = _resolution(bundle)
+    cfg["model"] = _model_facts(bundle, cfg["resolution"])
+    return cfg, files
+
+
+def _check_family(bundles: list[Path]) -> None:
+    """Several bundles must be one model (config and checkpoint SHA-256 of the card's source) at distinct
+    resolutions; UserError naming the first that differs."""
+    cards = [_read_card(b) for b in bundles]
+    key = [(c.get("config"), (c.get("source") or {}).get("sha256")) for c in cards]
+    for b, k in zip(bundles[1:], key[1:]):
+        if k != key[0]:
+            raise UserError(
+                f"{b} is {k[0]} from checkpoint {str(k[1])[:12]}, {bundles[0]} is {key[0][0]} from "
+                f"{str(key[0][1])[:12]}: one site offers one model's weights at several resolutions; pass bundles "
+                "exported from the same checkpoint (nothing was written)"
+            )
+    sizes = [int(c.get("resolution") or 0) for c in cards]
+    if len(set(sizes)) != len(sizes):
+        twice = next(s for s in sizes if sizes.count(s) > 1)
+        raise UserError(f"two bundles are at {twice} px; pass one bundle per resolution (nothing was written)")
+
+
+def write_site(bundle: str | Path | list, out: str | Path) -> Path:
+    """Write the static site for ``bundle`` (a folder, or several folders: one model at several resolutions, the
+    first the page's default) into ``out`` (staged next to it, then moved in place)."""
+    bundles = [Path(b) for b in (bundle if isinstance(bundle, (list, tuple)) else [bundle])]
+    out = Path(out)
+    for b in bundles:
+        if not (b / "card.json").is_file():
+            raise UserError(f"{b} is not a bundle folder (no card.json); pass a folder from `sam2edge export`")
     _check_out(out)
-    problems = verify_manifest(bundle)
-    if problems:
-        raise UserError(f"the bundle {bundle} fails its manifest ({problems[0]}); re-export it")
+    for b in bundles:
+        problems = verify_manifest(b)
+        if problems:
+            raise UserError(f"the bundle {b} fails its manifest ({problems[0]}); re-export it")
+    if len(bundles) > 1:
+        _check_family(bundles)
     nm = node_modules()
     if nm is None:
         raise UserError("LiteRT.js is not installed; run `npm ci` at the repository root (scripts/setup.sh)")
-    cfg, files = site_config(bundle)
-    if not cfg["resolution"]:
-        cfg["resolution"] = _resolution(bundle)
-    cfg["resolutions"] = [cfg["resolution"]]  # the model resolutions the bundle offers (the page's picker)
-    cfg["model"] = _model_facts(bundle, cfg["resolution"])
-    manifest = json.loads((bundle / "manifest.json").read_text())["files"]
+    if len(bundles) == 1:
+        cfg, files = _entry(bundles[0], "model/")
+        copies = [(bundles[0], "", files)]  # (bundle, folder under model/, files)
+        cfg["resolutions"] = [cfg["resolution"]]  # the model resolutions the site offers (the page's picker)
+    else:
+        entries = [_entry(b, f"model/{_card_size(b)}/") for b in bundles]
+        copies = [(b, f"{e['resolution']}/", files) for b, (e, files) in zip(bundles, entries)]
+        cfg = dict(entries[0][0])  # the first bundle's entry is the page's default
+        cfg["models"] = {str(e["resolution"]): e for e, _ in entries}
+        cfg["resolutions"] = sorted(e["resolution"] for e, _ in entries)
     stage = out.parent / f".{out.name}.new"
     shutil.rmtree(stage, ignore_errors=True)
     try:
@@ -161,16 +206,24 @@ def write_site(bundle: str | Path, out: str | Path) -> Path:
                     (stage / "vendor" / pkg).mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, stage / "vendor" / pkg / part)
         (stage / "model").mkdir()
-        for name in [*files, "card.json"]:
-            shutil.copyfile(bundle / name, stage / "model" / name)
-        kept = {n: manifest[n] for n in [*files, "card.json"]}
+        kept = {}  # manifest keys: paths under model/
+        for src, sub, files in copies:
+            manifest = json.loads((src / "manifest.json").read_text())["files"]
+            (stage / "model" / sub).mkdir(exist_ok=True)
+            for name in [*files, "card.json"]:
+                shutil.copyfile(src / name, stage / "model" / sub / name)
+                kept[sub + name] = manifest[name]
         (stage / "model" / "manifest.json").write_text(json.dumps({"files": kept}, indent=1))
         (stage / "config.json").write_text(json.dumps(cfg, indent=1))
         tracking = "yes (video graphs)" if cfg["tracker"] else "no: " + cfg["tracker_note"]
-        text = README.format(bundle=bundle.name, config=cfg["config"], size=cfg["resolution"], tracking=tracking)
+        names = ", ".join(b.name for b in bundles)
+        text = README.format(bundle=names, config=cfg["config"], size=cfg["resolution"], tracking=tracking)
+        if len(bundles) > 1:
+            text += SEVERAL.format(sizes=", ".join(map(str, cfg["resolutions"])))
         (stage / "README.md").write_text(text)
         listing = sorted(_listing(stage))
-        (stage / MARKER).write_text(json.dumps({"bundle": str(bundle.resolve()), "files": listing}))
+        marker = {"bundle": str(bundles[0].resolve()), "bundles": [str(b.resolve()) for b in bundles]}
+        (stage / MARKER).write_text(json.dumps({**marker, "files": listing}))
         if out.exists():
             shutil.rmtree(out)  # empty, or a site this command wrote (checked above)
         stage.rename(out)
@@ -194,6 +247,11 @@ def _model_facts(bundle: Path, resolution: int) -> dict:
         "stability": {"delta": cfg.stability_delta, "thresh": cfg.stability_thresh},
         "fill_hole_area": FILL_HOLE_AREA,
     }
+
+
+def _card_size(bundle: Path) -> int:
+    """The bundle's resolution as its card states it (else its config's)."""
+    return int(_read_card(bundle).get("resolution") or 0) or _resolution(bundle)
 
 
 def _resolution(bundle: Path) -> int:

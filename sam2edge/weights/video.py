@@ -182,7 +182,8 @@ def video_configs(
 
     if cfg is None or vcfg is None:
         name = checkpoint_config(spec)
-        cfg, vcfg = cfg or get_config(name), vcfg or get_video_config(name)
+        cfg = cfg or get_config(name)
+        vcfg = vcfg or get_video_config(name, cfg.image_size)
     return cfg, vcfg
 
 

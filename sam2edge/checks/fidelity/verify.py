@@ -115,7 +115,7 @@ def _verify_video(folder: Path, card: dict, cfg: Sam2Config, checkpoint, sd: dic
     from sam2edge.runtime.video.bundle import open_video_bundle
     from sam2edge.weights.video import load_video_weights
 
-    vcfg = get_video_config(card["config"])
+    vcfg = get_video_config(card["config"], cfg.image_size)
     if sd is None:
         sd, _ = reference_weights(card, cfg, checkpoint, lambda spec, c: load_video_weights(spec, c, vcfg))
     stage("verify: tracking a two-object clip (correction, reverse) against eager fp32")

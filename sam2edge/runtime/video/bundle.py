@@ -325,7 +325,7 @@ def open_video_bundle(folder: str | Path, *, threads: int | None = None, image=N
         image = backend_for(target).from_bundle(folder, threads=threads)  # card + every artifact's SHA-256
     try:
         cfg = get_config(card["config"]).at_resolution(int(card["resolution"]))
-        vcfg = get_video_config(card["config"])
+        vcfg = get_video_config(card["config"], cfg.image_size)
     except (ValueError, TypeError) as e:
         raise UserError(f"{folder}/card.json: {e}; re-run the export") from None
     kw = {"threads": threads, "num_tokens": video.get("num_tokens"), "batch": video.get("batch")}

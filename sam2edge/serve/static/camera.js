@@ -150,7 +150,7 @@ async function start(source, file = null) {
     return;
   }
   const video = $('live-video');
-  const s = { source, video, running: true, presented: 0, taken: 0, wake: null, stream: null, track: null };
+  const s = { source, file, video, running: true, presented: 0, taken: 0, wake: null, stream: null, track: null };
   try {
     if (source === 'camera') {
       if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
@@ -297,8 +297,9 @@ live.maskB64 = (i, obj) => b64(upsampleMask(live.kept[i].lows[obj], page.state.c
 live.zipB64 = () => (live.recording ? b64(live.recording.zip) : null);
 live.labelsB64 = (i) => b64(live.kept[i].labels);
 live.stop = () => stop(live.session);
+live.restart = (s) => start(s.source, s.file); // the same camera or video, from no objects
 
-export function setUpLive(state, setStatus, loadPipeline) {
+export function setUpLive(state, setStatus, loadPipeline, switchResolution) {
   page = { state, setStatus, loadPipeline };
   state.live = live;
   const sel = $('resolution');
@@ -308,7 +309,15 @@ export function setUpLive(state, setStatus, loadPipeline) {
     o.textContent = `${r} px`;
     sel.appendChild(o);
   }
-  sel.disabled = sel.options.length < 2; // one bundle, one resolution today
+  sel.value = String(state.cfg.resolution);
+  sel.disabled = sel.options.length < 2; // a site of one bundle offers its one resolution
+  if (!sel.disabled) $('resolution-wrap').hidden = false; // photos too
+  sel.addEventListener('change', async () => {
+    sel.disabled = true;
+    await switchResolution(Number(sel.value));
+    sel.value = String(state.cfg.resolution);
+    sel.disabled = false;
+  });
   $('camera').addEventListener('click', () => start('camera'));
   $('video-file').addEventListener('change', (ev) => ev.target.files[0] && start('clip', ev.target.files[0]));
   $('stop').addEventListener('click', () => stop(live.session, `stopped: ${live.processed} frames processed, ${live.dropped} dropped`));

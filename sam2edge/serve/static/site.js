@@ -63,11 +63,50 @@ async function chooseAccelerator() {
   return info && !info.isFallbackAdapter ? 'webgpu' : 'wasm';
 }
 
+// The photo graphs (encoder, decoder, prompt tables) of config entry `cfg`, each file's SHA-256 checked.
+async function loadGraphs(cfg, rt, manifest, accel) {
+  const compile = async (url) => rt.liteRt.loadAndCompile(await verifiedBytes(url, manifest), { accelerator: accel });
+  state.encoder = await compile(cfg.encoder.url);
+  state.decoder = await compile(cfg.decoder.url);
+  state.tables = {};
+  for (const [k, url] of Object.entries(cfg.decoder.tables)) {
+    state.tables[k] = new Float32Array((await verifiedBytes(url, manifest)).buffer);
+  }
+  state.numTokens = state.decoder.getInputDetails().find((d) => /sparse_valid/.test(d.name))?.shape[1] ?? 8;
+}
+
+// The picker: another model resolution (config.json `models`, one bundle each). Live tracking stops, the graphs
+// of that resolution load (hash-checked), tracking starts again from no objects on the same source.
+async function switchResolution(res) {
+  const entry = state.base.models && state.base.models[String(res)];
+  if (!entry || !state.ready || res === state.cfg.resolution) return;
+  const source = state.live.running ? state.live.session : null;
+  if (source) state.live.stop();
+  state.ready = false;
+  pipeline = null; // the tracking graphs of the old resolution are dropped; loadPipeline compiles the new ones
+  setStatus(`loading the ${res} px model…`);
+  try {
+    state.cfg = { ...state.base, ...entry };
+    await loadGraphs(state.cfg, state.loaded.rt, state.loaded.manifest, state.runtime.accelerator);
+    state.ready = true;
+    state.switches = (state.switches || 0) + 1;
+    document.body.dataset.resolution = String(res);
+    const photo = state.photoFile;
+    if (photo && state.image && !source) await openPhoto(photo);
+    if (source) await state.live.restart(source);
+    const then = source ? 'tracking restarted with no objects: tap the object again' : 'tap to segment';
+    setStatus(`model resolution ${res} px: graphs reloaded, tracking reset · ${then}`);
+  } catch (e) {
+    setStatus(`the ${res} px model failed to load: ${e.message}; pick another resolution or reload the page`, true);
+  }
+}
+
 async function init() {
   const cfg = await (await fetch('config.json')).json();
   const manifest = (await (await fetch(cfg.manifest)).json()).files;
   state.cfg = cfg;
-  setUpLive(state, setStatus, loadPipeline);
+  state.base = cfg;
+  setUpLive(state, setStatus, loadPipeline, switchResolution);
   setWasmDir(new URL('vendor/@litertjs/core/wasm/', location.href).href);
   const rt = await loadRuntime('threads');
   const accel = await chooseAccelerator();
@@ -77,16 +116,10 @@ async function init() {
       : 'single-threaded wasm: the host does not send the COOP/COEP headers (see README.md)';
   state.runtime = { variant: rt.variant, threads: rt.threads, accelerator: accel };
   $('runtime-status').textContent = `LiteRT.js ${cfg.litertjs} · ${accel} · ${threads} · all stages in the page`;
-  const compile = async (url) => rt.liteRt.loadAndCompile(await verifiedBytes(url, manifest), { accelerator: accel });
-  state.encoder = await compile(cfg.encoder.url);
-  state.decoder = await compile(cfg.decoder.url);
-  state.tables = {};
-  for (const [k, url] of Object.entries(cfg.decoder.tables)) {
-    state.tables[k] = new Float32Array((await verifiedBytes(url, manifest)).buffer);
-  }
+  await loadGraphs(cfg, rt, manifest, accel);
   state.loaded = { rt, manifest };
-  state.numTokens = state.decoder.getInputDetails().find((d) => /sparse_valid/.test(d.name))?.shape[1] ?? 8;
   state.ready = true;
+  document.body.dataset.resolution = String(cfg.resolution);
   const track = cfg.tracker
     ? 'or press Camera / open a video to track'
     : `tracking needs a bundle exported with --video (${cfg.tracker_note})`;
@@ -95,6 +128,7 @@ async function init() {
 
 async function openPhoto(file) {
   state.busy = true;
+  state.photoFile = file;
   try {
     const bmp = await createImageBitmap(file);
     const c = $('photo-layer');
