@@ -1,8 +1,10 @@
 """FLOPs per tracked frame: the shared frame encoder against each object's memory attention, decoder and memory
 encoder, and the bound they set on the cost of a second object.
 
-torch.utils.flop_counter.FlopCounterMode on the sam2edge eager model (upstream's operations, exact), random
-weights, full memory (every one of the K spatial and P pointer slots valid), one frame of ``image_size`` px. It
+torch.utils.flop_counter.FlopCounterMode on the sam2edge eager model with the export operations (attention written
+as q k^T, softmax, @ v, which the counter sees; it does not count a CPU F.scaled_dot_product_attention; memory
+values folded: attention over the raw memory, then v_proj, exact and the fewest FLOPs), random weights, full
+memory (every one of the K spatial and P pointer slots valid), one frame of ``image_size`` px. It
 counts matrix products and convolutions (2 FLOPs a multiply-add), not element-wise work or softmax. Objects beyond
 the first share the encoder and the object-independent half of memory-attention layer 0 (norm1, self-attention,
 norm2, the cross-attention's q projection): per object = FLOPs(B = 2) - FLOPs(B = 1) of each stage.
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_memory_attention import inputs  # noqa: E402
 
 from sam2edge.config import get_config, get_video_config  # noqa: E402
-from sam2edge.model.layers import UPSTREAM  # noqa: E402
+from sam2edge.model.layers import Rewrites  # noqa: E402
 from sam2edge.model.sam2_video import build_sam2_video  # noqa: E402
 from sam2edge.runtime.video.backend import EagerVideoBackend, FrameFeatures, MemoryInputs  # noqa: E402
 
@@ -45,7 +47,8 @@ def count(config: str) -> dict[str, float]:
     """GFLOP of one frame: encoder; memory attention, decoder and memory encoder at B = 1 and 2 objects."""
     cfg, vcfg = get_config(config), get_video_config(config)
     torch.manual_seed(0)
-    backend = EagerVideoBackend(build_sam2_video(cfg, vcfg, UPSTREAM).requires_grad_(False))
+    model = build_sam2_video(cfg, vcfg, Rewrites(texture_limit=0, query_chunk=0))
+    backend = EagerVideoBackend(model.requires_grad_(False))
     s, e = cfg.image_size, cfg.image_embedding_size
     image = np.random.default_rng(0).standard_normal((1, 3, s, s)).astype(np.float32)
     out = {"encoder": flops(lambda: backend.encode_frame(image))}
