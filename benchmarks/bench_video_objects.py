@@ -155,6 +155,16 @@ def table_record(summary: dict, args, first: int, frames: int) -> dict:
             "single-object graphs (the default: a padded row costs as much as a real one).",
             f"Goal: a second object costs <= {GOAL}x of the first. " + goal + ".",
             *(flop_notes(args.flops) if args.flops else []),
+            *(
+                [
+                    "EdgeTAM rows: sam2edge eager EdgeTAM and EdgeTAM --video bundles of one set of original-layout "
+                    "weights (the same lockstep clip and clicks); their 'vs upstream' is against upstream SAM 2.1-tiny "
+                    "(a different model: the speed reference). The original EdgeTAM code is not a subject here (one "
+                    "object: benchmarks/bench_edgetam.py)."
+                ]
+                if args.edgetam
+                else []
+            ),
         ],
     }
 
