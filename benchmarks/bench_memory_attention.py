@@ -1,100 +1,85 @@
-"""Full-size memory attention under LiteRT: the key layouts and key-bias forms of ``Rewrites``, int8, one run.
+"""The memory attention alone, batched over B objects: ms per call for B = 1, 2, 4, for rewrite variants.
 
-    python benchmarks/bench_memory_attention.py [--variants rows transposed bias-folded bias-folded-int8]
-        [--runs 3] [--threads 2]
+Full memory (every one of the K spatial slots and P pointer slots valid), random weights (timing only), one
+process. Prints ms per call and per object, and each variant's max abs difference from the first variant
+(the slicing rewrites are exact: the same function).
 
-Builds the full-size Hiera-Tiny memory-attention graph (perturbed random weights, every memory and pointer
-slot filled) with each variant of ``VARIANTS`` (``rope_keys`` "rows" / "transposed"; ``key_bias`` "folded" on
-the transposed keys; "bias-folded-int8" with dynamic-range int8 weights), converts each with the LiteRT
-exporter's converter, checks them against eager fp32 of
-upstream's layout and times ``invoke`` interleaved. Nothing else should run meanwhile.
+Usage: .venv/bin/python benchmarks/bench_memory_attention.py [--config sam2.1-hiera-tiny] [--batches 1,2,4]
+       [--threads 2] [--reps 2] [--chunks 0,1024]
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import dataclasses
+import statistics
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from sam2edge.config import HIERA_TINY, VIDEO_TINY
-from sam2edge.export.litert import NamedOutputs, convert_graph
-from sam2edge.export.video import MemoryAttentionGraph
-from sam2edge.model import Rewrites
-from sam2edge.model.memory_attention import rope_tables
-from sam2edge.model.sam2_video import build_sam2_video
-from sam2edge.runtime.video.bundle import VIDEO_GRAPHS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {  # name -> (rewrites, LiteRT precision of export.litert.convert_graph)
-    "rows": (Rewrites(rope_keys="rows"), "fp32"),
-    "transposed": (Rewrites(rope_keys="transposed", key_bias="added"), "fp32"),
-    "bias-folded": (Rewrites(rope_keys="transposed", key_bias="folded"), "fp32"),
-    "bias-folded-int8": (Rewrites(rope_keys="transposed", key_bias="folded"), "int8"),  # dynamic-range weights
-}
+from sam2edge.config import get_config, get_video_config  # noqa: E402
+from sam2edge.model.layers import UPSTREAM, Rewrites  # noqa: E402
+from sam2edge.model.sam2_video import build_sam2_video  # noqa: E402
 
 
-def sample_inputs() -> dict[str, torch.Tensor]:
-    cfg, v = HIERA_TINY, VIDEO_TINY
-    e, c, k, p = cfg.image_embedding_size, cfg.d_model, v.memory_slots, v.max_obj_ptrs
-    cos, sin = rope_tables(c, e, v.attn_heads, v.rope_theta)
-    values = (
-        torch.randn(1, c, e, e),
-        torch.randn(k, v.mem_dim, e, e),
-        (torch.arange(k, dtype=torch.float32) % v.num_maskmem)[None],
-        torch.ones(1, k),
-        torch.randn(p, c),
-        torch.linspace(0, 1, p)[None],
-        torch.ones(1, p),
-        cos,
-        sin,
-    )
-    return dict(zip(VIDEO_GRAPHS["memory-attention"][1], values))
+def inputs(cfg, vcfg, B: int, model) -> tuple[torch.Tensor, ...]:
+    """vision (1, C, e, e) and B objects' full memory banks (see ``memory_attention_step``)."""
+    g = torch.Generator().manual_seed(B)
+    e, K, P, M = cfg.image_embedding_size, vcfg.memory_slots, vcfg.max_obj_ptrs, vcfg.mem_dim
+    vision = torch.randn(1, cfg.d_model, e, e, generator=g)
+    if model.spatial_perceiver is None:
+        mem = torch.randn(B * K, M, e, e, generator=g)
+    else:
+        mem = torch.randn(B * K, model.mem_pos.shape[1], M, generator=g)
+    tpos = torch.arange(K).float().remainder(vcfg.num_maskmem).repeat(B, 1)
+    ptrs = torch.randn(B * P, cfg.d_model, generator=g)
+    ptr_pos = torch.linspace(-1, 1, P).repeat(B, 1)
+    return vision, mem, tpos, torch.ones(B, K), ptrs, ptr_pos, torch.ones(B, P)
 
 
 def main() -> None:
-    from ai_edge_litert.interpreter import Interpreter
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--config", default="sam2.1-hiera-tiny")
+    ap.add_argument("--batches", default="1,2,4")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--chunks", default="0,1024", help="Rewrites.query_chunk values to try")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    cfg, vcfg = get_config(args.config), get_video_config(args.config)
+    chunks = [int(c) for c in args.chunks.split(",")]
+    variants = {}
+    for base, rw in (("upstream ops (sdpa)", UPSTREAM), ("export ops (math, folded)", Rewrites(texture_limit=0))):
+        for c in chunks:
+            variants[f"{base}, query_chunk={c}"] = dataclasses.replace(rw, query_chunk=c)
     torch.manual_seed(0)
-    base = build_sam2_video(HIERA_TINY, VIDEO_TINY, Rewrites(rope_keys="rows")).eval()
-    sd = {k: t + 0.02 * torch.randn_like(t) for k, t in base.state_dict().items()}
-    x = sample_inputs()
-    feed = {n: t.numpy() for n, t in x.items()}
-    runners, outs = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for layout in args.variants:
-            rewrites, precision = VARIANTS[layout]
-            model = build_sam2_video(HIERA_TINY, VIDEO_TINY, rewrites).eval()
-            model.load_state_dict(sd)
-            graph = MemoryAttentionGraph(model).eval()
-            with torch.no_grad():
-                outs[f"{layout} eager"] = graph(**x).numpy()
-            path = Path(tmp) / f"memory_attention_{layout}.tflite"
-            convert_graph(NamedOutputs(graph, ("pix_feat",)), x, path, precision)
-            it = Interpreter(model_path=str(path), num_threads=args.threads)
-            runners[layout] = it.get_signature_runner()
-            outs[f"{layout} litert"] = runners[layout](**feed)["pix_feat"]
-    base.load_state_dict(sd)
-    with torch.no_grad():
-        ref = MemoryAttentionGraph(base).eval()(**x).numpy()  # upstream's key layout and bias add
-    for name, out in outs.items():
-        print(f"{name}: max |out - rows eager| {np.abs(out - ref).max():.3g} (scale {np.abs(ref).max():.3g})")
-    times = {layout: [] for layout in args.variants}
-    for _ in range(args.runs):
-        for layout, run in runners.items():
-            t0 = time.perf_counter()
-            run(**feed)
-            times[layout].append((time.perf_counter() - t0) * 1e3)
-    print("| variant | invoke ms (each run) | median |\n|---|---|---|")
-    for layout, ms in times.items():
-        print(f"| {layout} | {' '.join(f'{t:.0f}' for t in ms)} | {np.median(ms):.0f} |")
+    ref = build_sam2_video(cfg, vcfg, UPSTREAM)
+    state = ref.state_dict()
+    batches = [int(b) for b in args.batches.split(",")]
+    data = {B: inputs(cfg, vcfg, B, ref) for B in batches}
+    first = {}
+    print(f"{args.config}, {args.threads} threads; ms per call (per object), max |diff| vs the first variant")
+    for name, rw in variants.items():
+        model = build_sam2_video(cfg, vcfg, rw)
+        model.load_state_dict(state, strict=False)
+        model.memory_attention_step(*data[batches[0]])  # warm-up
+        cells = []
+        for B in batches:
+            times = []
+            for _ in range(args.reps):
+                t = time.perf_counter()
+                out = model.memory_attention_step(*data[B])
+                times.append(time.perf_counter() - t)
+            diff = (out - first[B]).abs().max().item() if B in first else 0.0
+            first.setdefault(B, out)
+            ms = 1e3 * statistics.median(times)
+            cells.append(f"B={B}: {ms:7.0f} ({ms / B:6.0f}) diff {diff:.1e}")
+        print(f"{name:<42} " + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ class Rewrites:
     # "split" multiplies by the three row blocks of the same weight, cut once at load (exact: the same dot
     # products, no slice copies; an ExecuTorch encoder 1828 -> 1737 ms at 1024 px, docs/design/encoder.md)
     qkv: str = "fused"
+    # memory attention's cross-attention: queries per slice of the score matrix (0: all at once), and objects one at
+    # a time. Each query row's softmax is its own: exact. 4096 queries x 28736 keys is 470 MB of fp32 scores per
+    # object; whole, 4 objects cost 10.9 s each, in 1024-query slices 4.0 s (3.6 s alone; math attention, 1024 px,
+    # 2 threads, benchmarks/bench_memory_attention.py). sdpa (UPSTREAM) stays linear without it
+    query_chunk: int = 1024
 
     def __post_init__(self) -> None:
         checks = {
@@ -77,6 +82,8 @@ class Rewrites:
                 raise ValueError(f"Rewrites.{name}={value!r}; allowed: {allowed}")
         if self.texture_limit < 0:
             raise ValueError(f"Rewrites.texture_limit={self.texture_limit}; allowed: 0 (off) or a positive side")
+        if self.query_chunk < 0:
+            raise ValueError(f"Rewrites.query_chunk={self.query_chunk}; allowed: 0 (off) or queries per slice")
 
 
 UPSTREAM = Rewrites(
@@ -90,6 +97,7 @@ UPSTREAM = Rewrites(
     token_fold="projected",
     rope_keys="rows",
     key_bias="added",
+    query_chunk=0,
 )
 
 
@@ -140,13 +148,16 @@ def attention(
     rw: Rewrites,
     key_bias: torch.Tensor | None = None,
     keys_transposed: bool = False,
+    query_chunk: int = 0,
 ) -> torch.Tensor:
     """Multi-head attention on already-projected tensors.
 
     q: (B, Nq, C), k: (B, Nk, C) or, with ``keys_transposed``, (B, C, Nk); v: (B, Nk, Cv); C, Cv divisible by
     num_heads. key_bias: optional (B, Nk) additive logit bias per key (0 keeps a key, -1e4 removes it).
     Returns (B, Nq, Cv). No tensor above rank 4 is created. With ``rw.texture_limit`` the batch
-    is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged.
+    is processed in static slices (see ``attention_chunk``), each item's arithmetic unchanged. With
+    ``query_chunk`` (see ``Rewrites.query_chunk``) batch items run one at a time and each item's queries in
+    slices of ``query_chunk`` rows against the same prepared keys (every query row's softmax is its own: exact).
     """
     B, Nk = q.shape[0], k.shape[2 if keys_transposed else 1]
     d, dv = q.shape[2] // num_heads, v.shape[2] // num_heads
@@ -157,15 +168,17 @@ def attention(
             n = min(group, num_heads - h)
             kh = k[:, h * d : (h + n) * d] if keys_transposed else k[..., h * d : (h + n) * d]
             vh = v[..., h * dv : (h + n) * dv]
-            outs.append(attention(q[..., h * d : (h + n) * d], kh, vh, n, rw, key_bias, keys_transposed))
+            qh = q[..., h * d : (h + n) * d]
+            outs.append(attention(qh, kh, vh, n, rw, key_bias, keys_transposed, query_chunk))
         return torch.cat(outs, -1)  # (B, Nq, Cv), heads in order
-    step = attention_chunk(B, num_heads, d, Nk, rw.texture_limit)
+    step = 1 if query_chunk else attention_chunk(B, num_heads, d, Nk, rw.texture_limit)
     if step >= B:
-        return _attention(q, k, v, num_heads, rw, key_bias, keys_transposed)
+        return _attention(q, k, v, num_heads, rw, key_bias, keys_transposed, query_chunk)
     outs = []
     for i in range(0, B, step):
         kb = None if key_bias is None else key_bias[i : i + step]
-        outs.append(_attention(q[i : i + step], k[i : i + step], v[i : i + step], num_heads, rw, kb, keys_transposed))
+        qi, ki, vi = q[i : i + step], k[i : i + step], v[i : i + step]
+        outs.append(_attention(qi, ki, vi, num_heads, rw, kb, keys_transposed, query_chunk))
     return torch.cat(outs, 0)  # (B, Nq, Cv)
 
 
@@ -177,8 +190,10 @@ def _attention(
     rw: Rewrites,
     key_bias: torch.Tensor | None,
     keys_transposed: bool = False,
+    query_chunk: int = 0,
 ) -> torch.Tensor:
-    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C) or (B, C, Nk), (B, Nk, Cv) -> (B, Nq, Cv)."""
+    """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C) or (B, C, Nk), (B, Nk, Cv) -> (B, Nq, Cv);
+    the queries in slices of ``query_chunk`` rows (0: all at once)."""
     B, Nq, C = q.shape
     Nk, Cv = v.shape[1], v.shape[2]
     d, dv = C // num_heads, Cv // num_heads
@@ -198,21 +213,34 @@ def _attention(
         if rw.attention_rank == 3:
             bias = bias.expand(B, num_heads, 1, Nk).reshape(B * num_heads, 1, Nk)  # (B*nh, 1, Nk)
     if rw.attention_impl == "sdpa":
-        out = F.scaled_dot_product_attention(q, kt.transpose(-2, -1), v, attn_mask=bias)
+        k = kt.transpose(-2, -1)  # (.., Nk, d)
+        out = _query_slices(q, query_chunk, lambda qs: F.scaled_dot_product_attention(qs, k, v, attn_mask=bias))
     else:
         q = q * (1.0 / math.sqrt(d))
         if bias is not None and keys_transposed and rw.key_bias == "folded":
             q = torch.cat([q, q.new_ones(*q.shape[:-1], 1)], dim=-1)  # (.., Nq, d + 1)
             kt = torch.cat([kt, bias.expand(*kt.shape[:-2], 1, Nk)], dim=-2)  # (.., d + 1, Nk): bias row last
             bias = None
-        scores = q @ kt  # (.., Nq, Nk)
-        if bias is not None:
-            scores = scores + bias
-        out = torch.softmax(scores, dim=-1) @ v  # (.., Nq, dv)
+
+        def rows(qs: torch.Tensor) -> torch.Tensor:
+            scores = qs @ kt  # (.., n, Nk)
+            if bias is not None:
+                scores = scores + bias
+            return torch.softmax(scores, dim=-1) @ v  # (.., n, dv)
+
+        out = _query_slices(q, query_chunk, rows)
     out = out.reshape(B, num_heads, Nq, dv)  # (B, nh, Nq, dv)
     if num_heads == 1:
         return out.reshape(B, Nq, Cv)  # (B, Nq, Cv): one head needs no transpose
     return out.transpose(1, 2).reshape(B, Nq, Cv)  # (B, Nq, Cv)
+
+
+def _query_slices(q: torch.Tensor, chunk: int, fn) -> torch.Tensor:
+    """fn over static slices of ``chunk`` query rows (axis -2) of q (.., Nq, d), concatenated; fn(q) if 0."""
+    Nq = q.shape[-2]
+    if not chunk or chunk >= Nq:
+        return fn(q)
+    return torch.cat([fn(q[..., i : i + chunk, :]) for i in range(0, Nq, chunk)], dim=-2)  # (.., Nq, dv)
 
 
 def _heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -67,9 +67,9 @@ def apply_rope_t(xt: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor) -> 
 class RoPEAttention(nn.Module):
     """Projected attention with RoPE on queries and the first ``rope_keys`` key tokens (upstream names)."""
 
-    def __init__(self, dim: int, kv_dim: int, num_heads: int, rw: Rewrites) -> None:
+    def __init__(self, dim: int, kv_dim: int, num_heads: int, rw: Rewrites, query_chunk: int = 0) -> None:
         super().__init__()
-        self.num_heads, self.rw = num_heads, rw
+        self.num_heads, self.rw, self.query_chunk = num_heads, rw, query_chunk  # queries per score slice (0: all)
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(kv_dim, dim), nn.Linear(kv_dim, dim)
         self.out_proj = nn.Linear(dim, dim)
         # attend over the raw values, then project them (rw.memory_values): exact, and cheaper when kv_dim < dim
@@ -91,13 +91,30 @@ class RoPEAttention(nn.Module):
         RoPE rotates q by (cos, sin) and each of the ``rope_slots`` blocks of n keys by ``key_rope`` (n rows;
         default: the query tables, n = HW); the R trailing keys stay as they are.
         """
-        q, k = self.q_proj(q), self.k_proj(k)
+        return self.attend(self.queries(q, cos, sin), k, v, cos, sin, rope_slots, key_bias, key_rope)
+
+    def queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The projected, rotated queries (B, N, C) of ``forward``."""
+        return apply_rope(self.q_proj(q), cos, sin)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope_slots: int,
+        key_bias: torch.Tensor | None = None,
+        key_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``forward`` given the ``queries`` (B, N, C) already projected and rotated."""
+        k = self.k_proj(k)
         v = v if self.fold_values else self.v_proj(v)  # (B, Nk, kv_dim) or (B, Nk, C)
-        q = apply_rope(q, cos, sin)
         kc, ks = key_rope or (cos, sin)
         t = self.rw.rope_keys == "transposed"  # k as (B, C, Nk): a real TRANSPOSE feeds the score matmul
         k = self._rope_keys_t(k, kc, ks, rope_slots) if t else self._rope_keys(k, kc, ks, rope_slots)
-        out = attention(q, k, v, self.num_heads, self.rw, key_bias, t)  # (B, N, kv_dim) folded, else (B, N, C)
+        out = attention(q, k, v, self.num_heads, self.rw, key_bias, t, self.query_chunk)  # (B, N, kv_dim or C)
         # folded: softmax rows sum to 1, so attn @ (v W^T + b) = (attn @ v) W^T + b
         return self.out_proj(self.v_proj(out) if self.fold_values else out)
 
@@ -127,7 +144,7 @@ class MemoryAttentionLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.self_attn = RoPEAttention(d, d, vcfg.attn_heads, rw)
-        self.cross_attn_image = RoPEAttention(d, vcfg.mem_dim, vcfg.attn_heads, rw)
+        self.cross_attn_image = RoPEAttention(d, vcfg.mem_dim, vcfg.attn_heads, rw, rw.query_chunk)
         self.linear1, self.linear2 = nn.Linear(d, vcfg.attn_mlp_dim), nn.Linear(vcfg.attn_mlp_dim, d)
         self.norm1, self.norm2, self.norm3 = (LayerNorm(d, 1e-5, rw) for _ in range(3))
 
@@ -140,15 +157,22 @@ class MemoryAttentionLayer(nn.Module):
         slots: int,
         key_bias: torch.Tensor,
     ) -> torch.Tensor:
-        """tgt (B, HW, C); memory, memory_pos (B, Nk, mem_dim); key_bias (B, Nk) -> (B, HW, C).
+        """tgt (Bt, HW, C); memory, memory_pos (B, Nk, mem_dim); key_bias (B, Nk) -> (B, HW, C).
 
+        Bt = B, or Bt = 1 < B: one frame's tokens that every object shares (layer 0). Everything before the
+        cross-attention's scores reads tgt alone (norm1, self-attention, residual, norm2, q projection and RoPE),
+        so it runs once and is copied to the B objects (by concatenation: no BROADCAST_TO in a graph); each
+        object's rows are exactly those of a B = 1 call.
         rope: (cos, sin) of the frame grid, optionally followed by the memory keys' per-slot (cos, sin)."""
         cos, sin = rope[:2]
         x = self.norm1(tgt)
         tgt = tgt + self.self_attn(x, x, x, cos, sin, 1)
-        x = self.norm2(tgt)
+        q = self.cross_attn_image.queries(self.norm2(tgt), cos, sin)  # (Bt, HW, C)
+        B = memory.shape[0]
+        if tgt.shape[0] < B:  # shared up to here: B copies
+            tgt, q = torch.cat([tgt] * B), torch.cat([q] * B)  # (B, HW, C)
         key_rope = rope[2:] or None
-        tgt = tgt + self.cross_attn_image(x, memory + memory_pos, memory, cos, sin, slots, key_bias, key_rope)
+        tgt = tgt + self.cross_attn_image.attend(q, memory + memory_pos, memory, cos, sin, slots, key_bias, key_rope)
         return tgt + self.linear2(torch.relu(self.linear1(self.norm3(tgt))))
 
 
@@ -192,8 +216,9 @@ class MemoryAttention(nn.Module):
         key_bias: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
-        """curr, curr_pos (B, HW, C); memory, memory_pos (B, slots*n + R, mem_dim) (n = HW, or L + G*G perceiver
-        tokens); key_bias (B, Nk).
+        """curr (B or 1, HW, C), curr_pos (1, HW, C); memory, memory_pos (B, slots*n + R, mem_dim) (n = HW, or
+        L + G*G perceiver tokens); key_bias (B, Nk). A curr of one row is the frame every object shares: layer 0
+        runs its object-independent part once (``MemoryAttentionLayer.forward``).
 
         ``rope``: the ``tables()`` given as inputs instead of the baked buffers (LiteRT's GPU delegate
         computes RoPE wrongly from constant tables: GPU-vs-CPU cosine 0.988, exact from input tables).

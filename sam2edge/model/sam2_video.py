@@ -155,9 +155,7 @@ class Sam2VideoModel(Sam2ImageModel):
         mem_bias = repeat_cols(mem_valid.reshape(B * K, 1), N).reshape(B, K * N)  # (B, K*N)
         ptr_bias = repeat_cols(ptr_valid.reshape(B * P, 1), n).reshape(B, P * n)  # (B, P*n)
         key_bias = (torch.cat([mem_bias, ptr_bias], dim=1) - 1.0) * -KEY_REMOVED  # (B, Nk): 0 or -1e4
-        curr = vision.reshape(Bv, C, HW).transpose(1, 2)  # (Bv, HW, C)
-        if Bv < B:  # one frame for B objects: B copies by concatenation (no BROADCAST_TO in a graph)
-            curr = torch.cat([curr] * B)  # (B, HW, C)
+        curr = vision.reshape(Bv, C, HW).transpose(1, 2)  # (Bv, HW, C): Bv = 1 < B, layer 0 shares its first half
         out = self.memory_attention(curr, self.curr_pos, memory, memory_pos, K, key_bias, rope)  # (B, HW, C)
         return out.transpose(1, 2).reshape(B, C, e, e)
 
