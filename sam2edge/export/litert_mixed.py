@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from functools import lru_cache
 
 from torch import nn
 
@@ -39,12 +38,15 @@ class Owners:
 
     def __init__(self, root: nn.Module, prefix: str) -> None:
         self.root, self.prefix = root, prefix
+        self.cache: dict[str, str] = {}
 
     def __call__(self, tensor_name: str) -> str:
-        return _owner(self, tensor_name.split(";")[0])
+        path = tensor_name.split(";")[0]
+        if path not in self.cache:
+            self.cache[path] = _owner(self, path)
+        return self.cache[path]
 
 
-@lru_cache(maxsize=None)
 def _owner(owners: Owners, path: str) -> str:
     segments = path.split("/")
     current, dotted = owners.root, ""
