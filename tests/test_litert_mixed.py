@@ -73,3 +73,104 @@ def test_a_kept_part_the_graph_does_not_have_is_an_error(converted):
     fp32, owners, _ = converted
     with pytest.raises(RuntimeError, match="own no weighted op"):
         quantize(fp32, "int8", owners, ("image_encoder.trunk.blocks.99",))
+
+
+SOURCE = {"format": "synthetic", "sha256": None}
+OPTIONS = {"gpu_check": "skip", "batch": 0}  # the export's own fidelity is the check here; no batched decoder
+# (variant, LayerNorm outlier gain): with every weighted op int8 the real LiteRT export is refused (test-small, 40
+# clicks, worst 0.0401 < 0.95, median 0.9741; ``synthetic:1`` at gain 30: worst 0.6216)
+REFUSED = ("synthetic:2", 30.0)
+OUTLIER = REFUSED
+
+
+def _outliers(spec: str, gain: float) -> dict:
+    from tests.test_mixed_precision import int8_outliers
+
+    return int8_outliers(variant_state_dict(spec, TEST_SMALL), seed=5, gain=gain)
+
+
+@pytest.mark.slow
+def test_litert_int8_export_ships_with_the_measured_layers_fp32(tmp_path):
+    """An outlier checkpoint whose all-int8 emulation misses the int8 goal: the real LiteRT export keeps the
+    selection's layers fp32 (float32 weights in the .tflite, every other weighted op int8) and its own 40-click
+    fidelity (LiteRT vs eager fp32 with upstream's operations) meets the bar."""
+    from sam2edge.checks.fidelity.bars import BARS
+    from sam2edge.export.mixed import meets
+    from sam2edge.export.pipeline import run_export
+
+    spec, gain = OUTLIER
+    card = run_export(
+        "litert",
+        "test-small",
+        "int8",
+        tmp_path / "b",
+        weights=(_outliers(spec, gain), {**SOURCE, "checkpoint": spec}),
+        options=OPTIONS,
+    )
+    mixed, quant, e2e = card["extra"]["mixed_precision"], card["extra"]["quantization"], card["fidelity"]["end_to_end"]
+    base = mixed["trials"][0]
+    assert base["kept"] == [] and not base["holds"], base
+    assert card["status"] == "shippable" and mixed["holds"] and mixed["kept_fp32"], mixed["trials"]
+    assert e2e["iou_worst"] >= BARS["int8"]["min_iou_worst"] and meets(e2e["iou_worst"], 1.0, BARS["int8"], {})
+    assert quant["fp32_kept_parts"] == mixed["kept_fp32"] and quant["kept_weight_dtypes"] == {
+        "FLOAT32": quant["fp32_kept_ops"]
+    }
+    assert set(quant["weight_dtypes"]) == {"INT8"} and not quant["leaked"], quant
+
+
+def test_litert_int8_export_nothing_can_save_is_refused(tmp_path, monkeypatch):
+    """With nothing allowed fp32 (max_kept 0) an outlier checkpoint's LiteRT int8 export misses the int8 bar and
+    is refused in one line: the lowest clicks, what the selection kept and reached, the ``diagnose`` command;
+    nothing is written."""
+    import re
+
+    from sam2edge.errors import UserError
+    from sam2edge.export import int8_sensitivity
+    from sam2edge.export.pipeline import run_export
+
+    spec, gain = REFUSED
+    real = int8_sensitivity.select_int8
+    monkeypatch.setattr(int8_sensitivity, "select_int8", lambda *a, **k: real(*a, **{**k, "max_kept": 0}))
+    out = tmp_path / "b"
+    with pytest.raises(UserError) as err:
+        run_export(
+            "litert",
+            "test-small",
+            "int8",
+            out,
+            weights=(_outliers(spec, gain), {**SOURCE, "checkpoint": spec}),
+            options=OPTIONS,
+        )
+    msg = str(err.value)
+    assert not out.exists() and "\n" not in msg and msg.startswith("export refused: end-to-end mask IoU"), msg
+    assert "keeping nothing in fp32 still missed the bars in the eager emulation (worst " in msg, msg
+    assert re.search(r"IoU worst 0\.\d{4} < 0\.95", msg) and "sam2edge diagnose litert --int8" in msg, msg
+
+
+def test_litert_int8_emulation_quantises_the_encoder_graph_convolutions():
+    """LiteRT's dynamic-range recipe quantises convolution weights too (``targets``: int8_layers), so its
+    emulation fake-quantises every encoder Conv2d and the decoder's feature projections in the encoder graph,
+    per output channel, and nothing of the prompt-side decoder; ONNX's stays Linear-only."""
+    from torch import nn
+
+    from sam2edge.export.int8_sensitivity import int8_layers
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.targets import get_target
+
+    model = build_sam2(TEST_SMALL, Rewrites()).eval()
+    layers = int8_layers(model, "per_token", get_target("litert").int8_layers)
+    convs = {n for n, m in layers.items() if isinstance(m, nn.Conv2d)}
+    assert "image_encoder.trunk.patch_embed.proj" in convs and {CONV, "sam_mask_decoder.conv_s1"} <= convs
+    assert all(n.startswith("image_encoder.") or n in (CONV, "sam_mask_decoder.conv_s1") for n in layers)
+    assert QKV in layers and not any(n.startswith("sam_mask_decoder.output") for n in layers)
+    onnx = int8_layers(build_sam2(TEST_SMALL, Rewrites()).eval(), "per_tensor", get_target("onnx").int8_layers)
+    assert not any(isinstance(m, nn.Conv2d) for m in onnx.values())
+    conv = layers["image_encoder.trunk.patch_embed.proj"]
+    x = torch.randn(1, 3, TEST_SMALL.image_size, TEST_SMALL.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y8 = conv(x)
+        conv.int8_enabled = False
+        y32 = conv(x)
+    step = conv.weight.flatten(1).abs().amax(1) / 127
+    assert torch.all((conv.int8_weight - conv.weight).flatten(1).abs().amax(1) <= step / 2 + 1e-7)
+    assert 0 < float((y8 - y32).abs().max()) < 0.1 * float(y32.abs().max())

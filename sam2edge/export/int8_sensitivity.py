@@ -207,7 +207,7 @@ def select_int8(
         from sam2edge.progress import Progress
 
         rows = []
-        with Progress("int8: ranking encoder Linears (each kept fp32 alone)", len(emu.layers), "layer") as bar:
+        with Progress("int8: ranking encoder layers (each kept fp32 alone)", len(emu.layers), "layer") as bar:
             for name in emu.layers:
                 bar.step(note=name)
                 ious = emu.ious(rank_prompts, (name,))
