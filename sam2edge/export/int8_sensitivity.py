@@ -1,8 +1,9 @@
 """int8 sensitivity sweep: which encoder layers cost the final mask IoU when quantised (``sam2edge diagnose --int8``).
 
 Every target's int8 bundle quantises the encoder's Linear layers dynamically (int8 weights per output channel,
-activations quantised per call; ``export.kept``). This module emulates that in eager PyTorch with fake
-quantisation of each ``nn.Linear`` of ``image_encoder``:
+activations quantised per call; ``export.kept``), LiteRT's its convolutions too (``targets.Target.int8_layers``).
+This module emulates that in eager PyTorch with fake quantisation of each ``nn.Linear`` of ``image_encoder``
+(and, for LiteRT, each ``nn.Conv2d`` of the encoder graph):
 
   weights      symmetric int8 per output channel (scale = max|w_row| / 127), every target;
   activations  asymmetric uint8 per call: per token (``per_token``: XNNPACK's dynamic quantiser, LiteRT's
@@ -54,15 +55,32 @@ def _int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(fake_quant_activation(x, self.int8_granularity), self.int8_weight, self.bias)
 
 
-def int8_layers(model: nn.Module, granularity: str) -> dict[str, nn.Linear]:
-    """Switch every encoder Linear of ``model`` (in place) to fake-quantised int8; name -> layer (each has an
-    ``int8_enabled`` flag to keep it fp32)."""
+def _int8_conv_forward(self: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    if not self.int8_enabled:
+        return self._conv_forward(x, self.weight, self.bias)
+    return self._conv_forward(fake_quant_activation(x, "per_tensor"), self.int8_weight, self.bias)
+
+
+# convolutions in the encoder graph outside ``image_encoder``: the decoder's feature projections folded into it
+ENCODER_GRAPH_CONVS = ("sam_mask_decoder.conv_s0", "sam_mask_decoder.conv_s1")
+
+
+def int8_layers(model: nn.Module, granularity: str, kinds: tuple[str, ...] = ("linear",)) -> dict[str, nn.Module]:
+    """Switch every encoder-graph layer of ``kinds`` of ``model`` (in place) to fake-quantised int8: "linear",
+    every encoder Linear (activations at ``granularity``); "conv", every Conv2d of the encoder and
+    ``ENCODER_GRAPH_CONVS`` (weights per output channel, activations one range per image: LiteRT's dynamic-range
+    convolution at batch 1). name -> layer (each has an ``int8_enabled`` flag to keep it fp32)."""
     out = {}
     for name, m in model.named_modules():
-        if name.startswith(ENCODER) and isinstance(m, nn.Linear):
+        if "linear" in kinds and name.startswith(ENCODER) and isinstance(m, nn.Linear):
             m.int8_weight = fake_quant_weight(m.weight.detach())
             m.int8_granularity, m.int8_enabled = granularity, True
             m.forward = types.MethodType(_int8_forward, m)
+            out[name] = m
+        elif "conv" in kinds and isinstance(m, nn.Conv2d) and (name.startswith(ENCODER) or name in ENCODER_GRAPH_CONVS):
+            m.int8_weight = fake_quant_weight(m.weight.detach().flatten(1)).view_as(m.weight)
+            m.int8_enabled = True
+            m.forward = types.MethodType(_int8_conv_forward, m)
             out[name] = m
     return out
 
@@ -101,7 +119,9 @@ class Int8Emulation:
         self.quant = build_sam2(cfg, fused_qkv(EMULATIONS[target].rewrites))
         self.quant.load_state_dict(sd)
         self.quant.eval()
-        self.layers = int8_layers(self.quant, ACTIVATIONS[target])
+        from sam2edge.targets import get_target
+
+        self.layers = int8_layers(self.quant, ACTIVATIONS[target], get_target(target).int8_layers)
 
     def ious(self, prompts, kept: tuple[str, ...] = ()) -> list[float]:
         """Per-prompt mask IoU with the layers of ``kept`` in fp32 and every other encoder Linear int8."""
@@ -187,7 +207,7 @@ def select_int8(
         from sam2edge.progress import Progress
 
         rows = []
-        with Progress("int8: ranking encoder Linears (each kept fp32 alone)", len(emu.layers), "layer") as bar:
+        with Progress("int8: ranking encoder layers (each kept fp32 alone)", len(emu.layers), "layer") as bar:
             for name in emu.layers:
                 bar.step(note=name)
                 ious = emu.ious(rank_prompts, (name,))

@@ -85,8 +85,12 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "mask decoder)": _DECODER_FP16_WEIGHTS,
             "all activations (fp16 weights only)": "full_fp16_recipe stores weights in fp16 and the CPU kernels "
             "compute in fp32",
+            _MEASURED_PARTS: _MEASURED_WHY + "; their ops are left out of the recipe (export.litert_mixed, "
+            "weight dtypes in extra.quantization)",
         },
         "int8": {
+            _MEASURED_PARTS: _MEASURED_WHY + "; their ops are left out of the recipe (export.litert_mixed, "
+            "weight dtypes in extra.quantization)",
             "decoder": _INT8_DECODER,
             "activations": "dynamic-range int8: int8 weights, activations quantised per call, fp32 elsewhere",
         },

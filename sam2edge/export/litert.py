@@ -10,8 +10,10 @@ other GPU graphs, measured against single decodes: check ``batched_decoder``), t
 
 Graphs are built with the default ``Rewrites()`` (rank-4 math attention, zero-stuff transposed conv,
 overflow-safe LayerNorm); inputs and outputs are named through signature kwargs / dict outputs.
-fp16 = litert-torch's ``full_fp16_recipe`` (fp16 weights, fp32 I/O) for the encoder and the video graphs; the
-image decoder graphs stay fp32 at every precision, as ONNX's and ExecuTorch's (``IMAGE_DECODER_FILES``).
+fp16 = litert-torch's ``full_fp16_recipe`` (fp16 weights, fp32 I/O) for the encoder and the video graphs, int8 =
+its ``full_dynamic_recipe`` for the encoder; the encoder's recipe leaves fp32 the parts the measured selection
+keeps (``export.mixed``, applied by ``export.litert_mixed``). The image decoder graphs stay fp32 at every
+precision, as ONNX's and ExecuTorch's (``IMAGE_DECODER_FILES``).
 
 Everything else (out-folder guard, weights, fidelity against eager fp32 with the bars of
 ``checks.fidelity.bars``, the atomic write) is ``sam2edge.export.pipeline``; this module is the LiteRT
@@ -38,6 +40,7 @@ from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
+from sam2edge.export.mixed import fp16_keep, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import (
     DECODER_OUTPUTS,
@@ -168,6 +171,28 @@ def convert_graph(module: nn.Module, sample_kwargs: dict[str, torch.Tensor], pat
     edge.export(str(path))
     del edge
     gc.collect()
+
+
+def convert_encoder(job, module: nn.Module, sample_kwargs: dict[str, torch.Tensor], path: Path) -> None:
+    """The encoder at fp16 / int8: converted fp32, then quantised by litert-torch's recipe with the parts the
+    measured selection keeps fp32 left out (``export.litert_mixed``; ``export.mixed``'s choice, as ONNX's and
+    ExecuTorch's); the weight dtypes it reads back go to card.json ``extra.quantization``."""
+    from sam2edge.export.litert_mixed import Owners, model_prefix, quantize
+
+    precision = _precision(job, ENCODER_FILE)
+    keep = fp16_keep(job) if precision == "fp16" else int8_keep(job, "litert")
+    convert_graph(module, sample_kwargs, path, "fp32")
+    owners = Owners(module, model_prefix(module, job.model))
+    data, census = quantize(path.read_bytes(), precision, owners, keep)
+    path.write_bytes(data)
+    job.state["quantization"] = census
+
+
+def _convert(job, file: str, module: nn.Module, sample: dict[str, torch.Tensor]) -> None:
+    if file == ENCODER_FILE and _precision(job, file) in ("fp16", "int8"):
+        convert_encoder(job, module, sample, job.folder / file)
+    else:
+        convert_graph(module, sample, job.folder / file, _precision(job, file))
 
 
 def lint_graphs(folder: Path, files: list[str], allow_dirty: bool) -> dict[str, LintReport]:
@@ -310,6 +335,7 @@ def _extra(job) -> dict:
             "gpu": f"{DECODER_FILE} (GPU-clean), for the GPU delegate and the browser",
         },
         "checks": job.checks,
+        **({"quantization": job.state["quantization"]} if "quantization" in job.state else {}),
     }
 
 
@@ -373,7 +399,7 @@ SPEC = TargetSpec(
     name="litert",
     rewrites=Rewrites(),
     graphs=_graphs,
-    convert=lambda job, file, module, sample: convert_graph(module, sample, job.folder / file, _precision(job, file)),
+    convert=_convert,
     open_backend=_backend,
     extra=_extra,
     summary=summary,
