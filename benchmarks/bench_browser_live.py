@@ -161,7 +161,7 @@ def run_mode(site: Path, clip: Path, mode: str, frames: int, timeout_ms: int) ->
             runtime = page.inner_text("#runtime-status")
             page.click("#camera")
             page.wait_for_function("window.sam2edge.live.processed >= 1 || window.sam2edge.error", timeout=timeout_ms)
-            r = page.locator("#live-layer").bounding_box()
+            r = page.locator("#live-layer").bounding_box(timeout=timeout_ms)
             page.mouse.click(r["x"] + 0.5 * r["width"], r["y"] + 0.4 * r["height"])
             page.wait_for_function("window.sam2edge.live.calls.some((c) => c.op === 'add')", timeout=timeout_ms)
             start = page.evaluate("window.sam2edge.live.processed") + 1  # one tracked frame to warm up
@@ -276,7 +276,8 @@ def _export_note(bundle: Path, card: dict) -> str:
     """How ``bundle`` was made, from its card."""
     src = card.get("source") or {}
     ckpt = src.get("checkpoint") or "synthetic"
-    weights = "synthetic weights" if ckpt == "synthetic" or src.get("sha256") is None else f"checkpoint {ckpt}"
+    name = Path(str(ckpt)).name  # the file's name: the record names no local folders
+    weights = "synthetic weights" if ckpt == "synthetic" or src.get("sha256") is None else f"checkpoint {name}"
     return (
         f"{bundle.name}: sam2edge export --target litert --config {card.get('config')} --precision "
         f"{card.get('precision')} --resolution {card.get('resolution')} --video ({weights}; speed does not depend on "
@@ -295,8 +296,8 @@ def _goal_notes(rows: list[dict]) -> list[str]:
         missed = [f"{r['resolution']} px ({r['fps']:.2f} FPS)" for r in two if r["fps"] < 1.0]
         out.append(
             f"{model}, >= 1 FPS on 2 wasm threads: "
-            + (f"met at {', '.join(met)}" if met else "not met")
-            + (f"; not met at {', '.join(missed)}" if missed else "")
+            + (f"met at {', '.join(met)}" if met else "not met at any resolution measured")
+            + (f"; missed at {', '.join(missed)}" if missed else "")
             + "."
         )
     return out
