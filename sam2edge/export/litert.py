@@ -24,7 +24,6 @@ banned op or a >4-D tensor refuses the export unless ``--allow-dirty``), and the
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from sam2edge.config import Sam2Config
 from sam2edge.errors import UserError
 from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
+from sam2edge.export.litert_convert import convert_graph, convert_kept
 from sam2edge.export.mixed import fp16_keep, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import (
@@ -159,38 +159,11 @@ def graphs(model: Sam2ImageModel, num_tokens: int) -> dict[str, tuple[nn.Module,
     }
 
 
-def convert_graph(module: nn.Module, sample_kwargs: dict[str, torch.Tensor], path: Path, precision: str) -> None:
-    """litert-torch conversion of one graph to ``path`` (fp16: fp16 weights, fp32 I/O; int8: dynamic-range
-    int8, i.e. int8 per-channel weights, activations quantised per call by XNNPACK, fp32 I/O)."""
-    import litert_torch
-    from litert_torch.generative.quantize import quant_recipes
-
-    quant = {"fp16": quant_recipes.full_fp16_recipe, "int8": quant_recipes.full_dynamic_recipe}.get(precision)
-    quant = quant() if quant is not None else None
-    edge = litert_torch.convert(module.eval(), sample_kwargs=sample_kwargs, quant_config=quant)
-    edge.export(str(path))
-    del edge
-    gc.collect()
-
-
-def convert_encoder(job, module: nn.Module, sample_kwargs: dict[str, torch.Tensor], path: Path) -> None:
-    """The encoder at fp16 / int8: converted fp32, then quantised by litert-torch's recipe with the parts the
-    measured selection keeps fp32 left out (``export.litert_mixed``; ``export.mixed``'s choice, as ONNX's and
-    ExecuTorch's); the weight dtypes it reads back go to card.json ``extra.quantization``."""
-    from sam2edge.export.litert_mixed import Owners, model_prefix, quantize
-
-    precision = _precision(job, ENCODER_FILE)
-    keep = fp16_keep(job) if precision == "fp16" else int8_keep(job, "litert")
-    convert_graph(module, sample_kwargs, path, "fp32")
-    owners = Owners(module, model_prefix(module, job.model))
-    data, census = quantize(path.read_bytes(), precision, owners, keep)
-    path.write_bytes(data)
-    job.state["quantization"] = census
-
-
 def _convert(job, file: str, module: nn.Module, sample: dict[str, torch.Tensor]) -> None:
     if file == ENCODER_FILE and _precision(job, file) in ("fp16", "int8"):
-        convert_encoder(job, module, sample, job.folder / file)
+        precision = _precision(job, file)
+        keep = fp16_keep(job) if precision == "fp16" else int8_keep(job, "litert")
+        job.state["quantization"] = convert_kept(module, sample, job.folder / file, precision, keep, job.model)
     else:
         convert_graph(module, sample, job.folder / file, _precision(job, file))
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from sam2edge.config import Sam2Config
-from sam2edge.model.layers import MLP, LayerNorm, LayerNorm2d, Rewrites, UpConv2x2, attention
+from sam2edge.model.layers import MLP, LayerNorm, LayerNorm2d, Rewrites, attention
+from sam2edge.model.upconv import UpConv2x2
 
 
 class ImageProjections(NamedTuple):

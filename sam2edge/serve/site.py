@@ -163,11 +163,8 @@ def _check_family(bundles: list[Path]) -> None:
         raise UserError(f"two bundles are at {twice} px; pass one bundle per resolution (nothing was written)")
 
 
-def write_site(bundle: str | Path | list, out: str | Path) -> Path:
-    """Write the static site for ``bundle`` (a folder, or several folders: one model at several resolutions, the
-    first the page's default) into ``out`` (staged next to it, then moved in place)."""
-    bundles = [Path(b) for b in (bundle if isinstance(bundle, (list, tuple)) else [bundle])]
-    out = Path(out)
+def _check_bundles(bundles: list[Path], out: Path) -> None:
+    """Every source is a bundle that passes its manifest, ``out`` is ours to write, several bundles are one model."""
     for b in bundles:
         if not (b / "card.json").is_file():
             raise UserError(f"{b} is not a bundle folder (no card.json); pass a folder from `sam2edge export`")
@@ -178,6 +175,26 @@ def write_site(bundle: str | Path | list, out: str | Path) -> Path:
             raise UserError(f"the bundle {b} fails its manifest ({problems[0]}); re-export it")
     if len(bundles) > 1:
         _check_family(bundles)
+
+
+def _copy_vendor(nm: Path, stage: Path) -> None:
+    """LiteRT.js's files the page loads, from ``node_modules`` into ``stage/vendor``."""
+    for pkg in LITERTJS_PACKAGES:
+        for part in VENDOR_PARTS:
+            src = nm / pkg / part
+            if src.is_dir():
+                shutil.copytree(src, stage / "vendor" / pkg / part)
+            elif src.is_file():
+                (stage / "vendor" / pkg).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, stage / "vendor" / pkg / part)
+
+
+def write_site(bundle: str | Path | list, out: str | Path) -> Path:
+    """Write the static site for ``bundle`` (a folder, or several folders: one model at several resolutions, the
+    first the page's default) into ``out`` (staged next to it, then moved in place)."""
+    bundles = [Path(b) for b in (bundle if isinstance(bundle, (list, tuple)) else [bundle])]
+    out = Path(out)
+    _check_bundles(bundles, out)
     nm = node_modules()
     if nm is None:
         raise UserError("LiteRT.js is not installed; run `npm ci` at the repository root (scripts/setup.sh)")
@@ -197,14 +214,7 @@ def write_site(bundle: str | Path | list, out: str | Path) -> Path:
         stage.mkdir(parents=True)
         for name in PAGE_FILES:
             shutil.copyfile(STATIC_DIR / name, stage / ("index.html" if name == "site.html" else name))
-        for pkg in LITERTJS_PACKAGES:
-            for part in VENDOR_PARTS:
-                src = nm / pkg / part
-                if src.is_dir():
-                    shutil.copytree(src, stage / "vendor" / pkg / part)
-                elif src.is_file():
-                    (stage / "vendor" / pkg).mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, stage / "vendor" / pkg / part)
+        _copy_vendor(nm, stage)
         (stage / "model").mkdir()
         kept = {}  # manifest keys: paths under model/
         for src, sub, files in copies:
