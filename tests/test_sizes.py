@@ -139,10 +139,10 @@ def _attention_rows(cfg: Sam2Config, limit: int) -> tuple[int, int]:
     seen = []
     inner = L._attention
 
-    def record(q, k, v, num_heads, rw, key_bias, keys_transposed=False):
+    def record(q, k, v, num_heads, rw, key_bias, keys_transposed=False, query_chunk=0):
         nk = k.shape[2 if keys_transposed else 1]
         seen.append(q.shape[0] * num_heads * -(-max(q.shape[2] // num_heads, nk) // 4))
-        return inner(q, k, v, num_heads, rw, key_bias, keys_transposed)
+        return inner(q, k, v, num_heads, rw, key_bias, keys_transposed, query_chunk)
 
     with torch.device("meta"), mock.patch.object(L, "_attention", record), torch.no_grad():
         build_sam2(cfg, Rewrites(texture_limit=limit)).encode_image(torch.zeros(1, 3, 1024, 1024))
