@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import io
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from PIL import Image
 from sam2edge.checks.fidelity import mask_iou
 from sam2edge.cli.main import main
 from sam2edge.runtime.video.predictor import Sam2VideoPredictor
+from tests.pages import add_page_prompt, tampered_copy
 from tests.test_browser_site import static_server
 
 TIMEOUT_MS = 180_000
@@ -180,16 +180,8 @@ def _replay(bundle: Path, frames: list[np.ndarray], calls: list[dict], max_ptrs:
             for f, _, masks in pred.propagate_in_video(state, start_frame_idx=c["frame"], max_frame_num_to_track=0):
                 shown[f] = (masks[:, 0] > 0).numpy()
         else:
-            f, _, masks = pred.add_new_points_or_box(
-                state,
-                c["frame"],
-                c["obj"],
-                points=None if c["points"] is None else np.array(c["points"], np.float32),
-                labels=None if c["labels"] is None else np.array(c["labels"], np.int32),
-                box=None if c["box"] is None else np.array(c["box"], np.float32),
-                clear_old_points=c["clear"],
-            )
-            shown[f] = (masks[:, 0] > 0).numpy()
+            f, mask = add_page_prompt(pred, state, c)
+            shown[f] = mask
     return shown
 
 
@@ -297,11 +289,7 @@ def test_camera_denied_and_bad_bundles(cam_browser, site, small_bundle, tmp_path
     finally:
         ctx.close()
         srv.shutdown()
-    bad = tmp_path / "bad"
-    shutil.copytree(site, bad)
-    data = bytearray((bad / "model/memory_attention.tflite").read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (bad / "model/memory_attention.tflite").write_bytes(bytes(data))
+    bad = tampered_copy(site, tmp_path / "bad", "memory_attention.tflite")
     srv, ctx, page, logs = open_live(cam_browser, bad, camera=True)  # photos work; tracking refuses the file
     try:
         page.click("#camera")

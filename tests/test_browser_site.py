@@ -19,6 +19,7 @@ import pytest
 from sam2edge.checks.fidelity import mask_iou, photo, photo_path
 from sam2edge.cli.main import main
 from sam2edge.runtime.predictor import Sam2Predictor
+from tests.pages import tampered_copy
 
 PHOTO = "chelsea.png"
 TIMEOUT_MS = 120_000
@@ -127,11 +128,7 @@ def test_site_without_headers_and_tampered_file(browser, site, tmp_path):
     finally:
         page.close()
         srv.shutdown()
-    bad = tmp_path / "bad"
-    shutil.copytree(site, bad)
-    data = bytearray((bad / "model/decoder.tflite").read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (bad / "model/decoder.tflite").write_bytes(bytes(data))
+    bad = tampered_copy(site, tmp_path / "bad", "decoder.tflite")
     srv, page, logs = open_site(browser, bad, isolate=True)
     try:
         assert not page.evaluate("window.sam2edge.ready")

@@ -31,7 +31,7 @@ from sam2edge.runtime.video.memory_bank import FrameOutput, ObjectMemory, select
 from sam2edge.runtime.video.predictor import Sam2VideoPredictor
 from sam2edge.serve.app import default_app_from_args
 from sam2edge.serve.assets import STATIC_DIR
-from tests.pages import open_ready_page
+from tests.pages import add_page_prompt, open_ready_page
 from tests.video_oracles import drifting_clip
 
 TIMEOUT_MS = 180_000
@@ -138,16 +138,8 @@ def _replay(bundle: Path, clip: Path, calls: list[dict]) -> tuple[list[dict[int,
     actions: list[dict[int, np.ndarray]] = []
     for i, c in enumerate(calls):
         if c["op"] == "add":
-            f, _, masks = pred.add_new_points_or_box(
-                state,
-                c["frame"],
-                c["obj"],
-                points=None if c["points"] is None else np.array(c["points"], np.float32),
-                labels=None if c["labels"] is None else np.array(c["labels"], np.int32),
-                box=None if c["box"] is None else np.array(c["box"], np.float32),
-                clear_old_points=c["clear"],
-            )
-            actions.append({f: (masks[:, 0] > 0).numpy()})
+            f, mask = add_page_prompt(pred, state, c)
+            actions.append({f: mask})
             continue
         if i == 0 or calls[i - 1]["op"] != "propagate":
             actions.append({})  # one "Track" press: its passes, the last output of each frame wins
