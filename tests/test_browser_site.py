@@ -8,6 +8,7 @@ it fell back to one thread; a model file whose SHA-256 differs from the manifest
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -149,3 +150,28 @@ def test_site_without_headers_and_tampered_file(browser, site, tmp_path):
     finally:
         page.close()
         srv.shutdown()
+
+
+def test_web_refuses_bundles_of_other_weights_or_one_resolution_twice(bundle, tmp_path, capsys):
+    """Several bundles make one site only when they are one model's weights at distinct resolutions."""
+    from sam2edge.bundle.card import sha256_bytes
+
+    out = tmp_path / "site"
+    assert main(["web", str(bundle), str(bundle), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "pass one bundle per resolution" in err and len(err.strip().splitlines()) == 1
+    other = tmp_path / "other"
+    shutil.copytree(bundle, other)
+    card = json.loads((other / "card.json").read_text())
+    card["source"] = {**(card.get("source") or {}), "sha256": "0" * 64}  # another checkpoint
+    (other / "card.json").write_text(json.dumps(card))
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["files"]["card.json"] = {
+        "sha256": sha256_bytes(other / "card.json"),
+        "bytes": (other / "card.json").stat().st_size,
+    }
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["web", str(bundle), str(other), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "exported from the same checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / ".site.new").exists()
