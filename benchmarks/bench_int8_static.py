@@ -6,7 +6,9 @@
 Builds into ``DIR`` (a new folder) the synthetic checkpoint's ONNX encoder as the export makes it (``EncoderGraph``
 with ONNX's rewrites, onnxruntime BASIC optimisation), unsmoothed and smoothed (``export.smooth``), and quantises
 it: dynamic s8 (``export.onnx_int8``, the VNNI file), static s8 (``export.onnx_static``, products' outputs left
-fp32, the shipped form) and static s8 with every product's output quantised too. Then times every file in
+fp32, the shipped form) and static s8 with every product's output quantised too; and the smoothed dynamic file of
+an encoder traced with onnxruntime's fused ``MultiHeadAttention`` (``Rewrites.attention_impl="ort_mha"``, a
+contrib op: onnxruntime only, so no bundle ships it). Then times every file in
 interleaved rounds (one encode each) and prints the medians; ``--fidelity`` adds the export's own end-to-end
 measure (40 clicks vs eager fp32, fp32 ONNX decoder) per file. A ``--work`` folder that already holds the
 files is timed as it is (no rebuild). ``--peer DIR`` (a peer export, ``checks.bench.peer``, made there from the
@@ -23,6 +25,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +36,7 @@ from sam2edge.export import onnx as eo
 from sam2edge.export import onnx_int8 as i8
 from sam2edge.export import onnx_static as st
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
+from sam2edge.model.fused_attention import DOMAIN as MHA_DOMAIN
 from sam2edge.runtime.backends import onnx as ob
 from sam2edge.weights import synthetic_state_dict
 
@@ -44,14 +48,15 @@ VARIANTS = {
 }
 
 
-def _trace(module, args, path: Path, role: str) -> None:
+def _trace(module, args, path: Path, role: str, allowed_domains: tuple[str, ...] = ()) -> None:
     names_in, names_out, dynamic = eo.IO[role]
     raw = path.with_name(f"raw_{path.name}")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(raw), dynamo=False, opset_version=eo.OPSET, do_constant_folding=True,
-                          input_names=list(names_in), output_names=list(names_out), dynamic_axes=dynamic)  # fmt: skip
-    eo.optimize(raw, path)
+                          custom_opsets={MHA_DOMAIN: 1}, input_names=list(names_in), output_names=list(names_out),
+                          dynamic_axes=dynamic)  # fmt: skip
+    eo.optimize(raw, path, allowed_domains)
     raw.unlink()
 
 
@@ -72,9 +77,17 @@ def build(work: Path, config: str) -> tuple[list[str], dict]:
             census[dst.name] = quantise(fp32, dst, cfg)
             names.append(dst.name)
         print("built", label, flush=True)
-    return names, census
+    # onnxruntime's fused MultiHeadAttention in place of MatMul-Softmax-MatMul (an onnxruntime-only graph, so not
+    # in a bundle), smoothed and dynamically quantised as the export's VNNI file
+    model = eo._model(sd, cfg, "int8", replace(eo.ONNX_REWRITES, attention_impl="ort_mha")).eval()
+    fused = work / "fp32_fused-attention.onnx"
+    _trace(EncoderGraph(model), eo.example_inputs(cfg)[0], fused, "encoder", (MHA_DOMAIN,))
+    census[FUSED] = VARIANTS["dynamic"](fused, work / FUSED, cfg)
+    fused.unlink()
+    return [*names, FUSED], census
 
 
+FUSED = "dynamic_fused-attention.onnx"  # the smoothed dynamic file with Rewrites.attention_impl "ort_mha"
 PEER_ENCODER, PEER_CLICK, CLICK = "peer encoder.onnx", "peer decoder.onnx (one click)", "decoder.onnx (one click)"
 
 
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clicks", type=int, default=4, help="clicks per decoder per round (default 4)")
     a = p.parse_args(argv)
     if a.work.exists():
-        names = ["fp32_plain.onnx", *(f"{v}_{lab}.onnx" for lab in ("plain", "smoothed") for v in VARIANTS)]
+        names = ["fp32_plain.onnx", *(f"{v}_{lab}.onnx" for lab in ("plain", "smoothed") for v in VARIANTS), FUSED]
         names = [n for n in names if (a.work / n).is_file()]
         census: dict = {}
     else:

@@ -83,7 +83,8 @@ def record(args) -> int:
         if card_path.is_file():
             card = json.loads(card_path.read_text())
             card["fidelity"] = json.loads((folder / "fidelity.json").read_text())
-            rows.append(_row(card, Path(card["source"].get("checkpoint") or folder.name).stem))
+            checkpoint = card["source"].get("checkpoint")  # None: the project's synthetic weights
+            rows.append(_row(card, Path(checkpoint).stem if checkpoint else folder.name.split("--")[0]))
     rec = {
         "schema": SCHEMA,
         "id": "precision-robustness-1024",
@@ -98,7 +99,9 @@ def record(args) -> int:
         "notes": [
             "checkpoints: scripts/robustness_set.py (upstream's own initialisation, seeded; perturbed; outlier "
             "channels); IoU: each export's own fidelity, 40 clicks on 5 photos vs eager fp32 with upstream's "
-            "operations; bars fp16 worst >= 0.99, median >= 0.999; int8 worst >= 0.95",
+            "operations; bars fp16 worst >= 0.99, median >= 0.999; int8 worst >= 0.95 (the int8 goal adds median "
+            ">= 0.99, which the int8 selection aims at first)",
+            "synthetic: the project's own weights (no --checkpoint), for comparison",
         ],
     }
     Path(args.out).write_text(json.dumps(rec, indent=2) + "\n")

@@ -81,6 +81,41 @@ def test_select_gives_up_at_once_when_keeping_everything_misses_the_bars():
     assert not sel.holds and sel.kept == () and not ranked and calls == [(), ("a", "b")]
 
 
+INT8_SHIP = {"min_iou_worst": BARS["int8"]["min_iou_worst"]}
+INT8_GOAL = {**INT8_SHIP, "min_iou_median": 0.99}
+
+
+def _int8_weights(calls: list):
+    """A measure whose median never reaches 0.99 (0.985 at best) but whose worst clears the int8 bar once
+    "b" and "d" are kept fp32."""
+
+    def measure(kept: tuple[str, ...]) -> tuple[float, float]:
+        calls.append(kept)
+        return (0.97, 0.985) if {"b", "d"} <= set(kept) else (0.80, 0.97)
+
+    return measure
+
+
+def test_select_aims_at_the_shipping_bar_when_the_goal_is_out_of_reach():
+    calls: list = []
+    ranking = [{"part": p} for p in ("d", "b", "a", "c")]
+    sel = select(lambda: ranking, _int8_weights(calls), INT8_GOAL, max_kept=4, upper=["a", "b", "c", "d"],
+                 fallback=INT8_SHIP)  # fmt: skip
+    assert sel.holds and sel.kept == ("d", "b") and sel.aimed_at == INT8_SHIP
+    assert [t.kept for t in sel.trials][:2] == [(), ("a", "b", "c", "d")]  # all-int8, then everything kept
+    assert sel.as_dict()["aimed_at"] == INT8_SHIP and sel.chosen.iou_worst == 0.97
+    # without a fallback the same weights are given up on at once (nothing ranked)
+    calls.clear()
+    sel = select(lambda: ranking, _int8_weights(calls), INT8_GOAL, max_kept=4, upper=["a", "b", "c", "d"])
+    assert not sel.holds and sel.kept == () and len(calls) == 2 and "aimed_at" not in sel.as_dict()
+
+
+def test_select_falls_back_to_nothing_kept_when_all_int8_already_ships():
+    sel = select(lambda: pytest.fail("no ranking needed"), lambda kept: (0.96, 0.98), INT8_GOAL, max_kept=4,
+                 upper=["a"], fallback=INT8_SHIP)  # fmt: skip
+    assert sel.holds and sel.kept == () and sel.aimed_at == INT8_SHIP and len(sel.trials) == 2
+
+
 def test_meets_applies_the_margin_and_fails_nan():
     assert meets(0.99 + MARGIN["min_iou_worst"], 0.999 + MARGIN["min_iou_median"], FP16)
     assert not meets(0.9905, 0.9995, FP16)  # over the bar, under bar + margin

@@ -37,7 +37,8 @@ ALL_REWRITES = (
     ]
     + [Rewrites(q_pool="maxima"), Rewrites(q_pool="maxima", layer_norm="native", attention_rank=3)]  # pooling
     + [Rewrites(qkv="split"), Rewrites(qkv="split", q_pool="maxima", layer_norm="native", attention_rank=3)]
-)  # Hiera's q/k/v projection
+    + [Rewrites(attention_impl="ort_mha"), Rewrites(attention_impl="ort_mha", token_fold="folded", layer_norm="native")]
+)  # Hiera's q/k/v projection; onnxruntime's fused attention
 
 
 @pytest.fixture(scope="module")
@@ -300,3 +301,37 @@ def test_decode_given_its_image_projections_equals_upstream(seed, with_mask):
         assert torch.equal(a, b)
         scale = float(w.abs().max())
         assert float((a - w).abs().max()) <= 1e-5 * scale
+
+
+def test_fused_attention_exports_one_onnxruntime_node_per_attention(sd, tmp_path):
+    """``attention_impl="ort_mha"``: the encoder traces to onnxruntime's ``MultiHeadAttention`` (one node per
+    Hiera block, no Softmax left), which onnxruntime runs to eager's outputs; a bundle's optimisation step still
+    refuses the contrib domain unless asked to let it through."""
+    import warnings
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from sam2edge.export.onnx import ONNX_REWRITES, example_inputs, optimize
+    from sam2edge.model.fused_attention import DOMAIN
+
+    model = build_sam2(TEST_SMALL, dataclasses.replace(ONNX_REWRITES, attention_impl="ort_mha"))
+    model.load_state_dict(sd)
+    model.eval()
+    (image,) = example_inputs(TEST_SMALL)[0]
+    raw, opt = tmp_path / "raw.onnx", tmp_path / "opt.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        want = [t.numpy() for t in EncoderGraph(model)(image)]
+        torch.onnx.export(
+            EncoderGraph(model), (image,), str(raw), dynamo=False, custom_opsets={DOMAIN: 1}, input_names=["image"]
+        )
+    with pytest.raises(RuntimeError, match="non-standard op domains"):
+        optimize(raw, opt)
+    optimize(raw, opt, (DOMAIN,))
+    ops = [n.op_type for n in onnx.load(str(opt)).graph.node]
+    assert ops.count("MultiHeadAttention") == sum(TEST_SMALL.stages) and "Softmax" not in ops, ops
+    got = ort.InferenceSession(str(opt), providers=["CPUExecutionProvider"]).run(None, {"image": image.numpy()})
+    for w, g in zip(want, got, strict=True):
+        assert np.abs(w - g).max() <= 1e-5 * np.abs(w).max()

@@ -188,11 +188,13 @@ def select_int8(
     clicks: int = 40,
     rank_clicks: int = RANK_CLICKS,
     max_kept: int = MAX_KEPT,
+    fallback: dict | None = None,
 ):
     """Which encoder Linears a dynamic-int8 export of ``sd`` (the state dict it quantises, smoothed or not)
     keeps fp32 (``export.mixed.select``): the all-int8 emulation measured over ``click_set(clicks)``; if it
     misses ``bars`` (default ``SELECTION_BARS``), ``sweep``'s ranking over ``rank_clicks`` (the layers whose
-    fp32 copy lifts the worst IoU most first), then the fewest kept until the bars hold."""
+    fp32 copy lifts the worst IoU most first), then the fewest kept until the bars hold. ``fallback`` (the
+    int8 shipping bar): aimed at when even every Linear kept fp32 misses ``bars`` (``export.mixed.select``)."""
     from sam2edge.checks.fidelity import click_set
     from sam2edge.export.mixed import select
 
@@ -216,4 +218,4 @@ def select_int8(
         return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
 
     bars = SELECTION_BARS if bars is None else bars
-    return select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8")
+    return select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8", fallback=fallback)

@@ -9,7 +9,9 @@ weights a few parts cost the end-to-end mask IoU far more than the rest (a check
      the sensitivity sweep of ``export.int8_sensitivity``);
   2. ``choose_kept``: the all-reduced model measured, then the first k ranked parts kept fp32 for k = 1, 2, 3,
      ... until the measured worst and median meet the bars (plus ``MARGIN``, the emulation is not the runtime);
-     if none within ``max_kept`` does, the selection says so (the export then refuses, naming the parts).
+     if none within ``max_kept`` does, the selection says so (the export then refuses, naming the parts);
+  3. a goal beyond the shipping bar (int8: median >= 0.99 over the bar's worst >= 0.95) that even keeping every
+     candidate fp32 misses gives way to the shipping bar itself (``fallback``): the fewest parts that ship.
 
 ``choose_kept`` is a pure function of the ranking and a measuring callback (``Measure``), so any reduced path
 (fp16 storage here, dynamic int8 in ``export.int8_sensitivity``, a calibrated int8 path) reuses it.
@@ -52,6 +54,7 @@ class Selection:
     holds: bool  # the chosen set meets the bars (+ MARGIN) in the emulation
     trials: tuple[Trial, ...]  # every measurement, in order
     ranking: tuple[dict, ...] = ()  # the ranking's rows, most harmful first
+    aimed_at: Mapping[str, float] | None = None  # the bars the choice aimed at (None: the bars asked for)
 
     @property
     def chosen(self) -> Trial:
@@ -66,6 +69,7 @@ class Selection:
             "holds": self.holds,
             "trials": [t.as_dict() for t in self.trials],
             "ranking": list(self.ranking),
+            **({"aimed_at": dict(self.aimed_at)} if self.aimed_at is not None else {}),
         }
 
 
@@ -123,30 +127,39 @@ def select(
     upper: Sequence[str] | None = None,
     budget: int = MAX_MEASUREMENTS,
     label: str = "mixed precision",
+    fallback: Mapping[str, float] | None = None,
 ) -> Selection:
     """The whole selection, at most ``budget`` end-to-end measurements (a progress bar steps per measurement):
     the all-reduced model measured first (nothing kept if it holds: no ranking cost), then (``upper``: every
     candidate part) everything kept, to give up at once on bars nothing can meet, else ``ranking()`` (rows with
-    a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the all-reduced measurement reused)."""
+    a ``"part"`` key, most harmful first) then ``choose_kept`` over it (the all-reduced measurement reused).
+    ``fallback`` (looser bars, the ones the export ships by): aimed at instead when everything kept misses
+    ``bars`` but meets these; the selection then records ``aimed_at``."""
     measure = _with_progress(measure, f"{label}: end-to-end measurements (at most {budget})", budget)
     try:
         base = measure(())
-        ok = meets(*base, bars, margin)
-        first = Trial((), float(base[0]), float(base[1]), ok)
-        if ok or max_kept <= 0:
-            return Selection((), ok, (first,))
+        first = Trial((), float(base[0]), float(base[1]), meets(*base, bars, margin))
+        if first.holds or max_kept <= 0:
+            return Selection((), first.holds, (first,))
+        trials, aim = [first], None
         if upper is not None:  # every candidate kept: if even that misses the bars, no subset will
             top = measure(tuple(upper))
-            if not meets(*top, bars, margin):
-                return Selection((), False, (first, Trial(tuple(upper), float(top[0]), float(top[1]), False)))
+            trials.append(Trial(tuple(upper), float(top[0]), float(top[1]), meets(*top, bars, margin)))
+            if not trials[-1].holds:
+                if fallback is None or not meets(*top, fallback, margin):
+                    return Selection((), False, tuple(trials))
+                aim = dict(fallback)
+                if meets(*base, aim, margin):  # the all-reduced model already ships
+                    return Selection((), True, tuple(trials), aimed_at=aim)
         rows = ranking()
 
         def memo(kept: tuple[str, ...]) -> tuple[float, float]:
             return base if not kept else measure(kept)
 
-        left = budget - 1 - (upper is not None)
-        sel = choose_kept([r["part"] for r in rows], memo, bars, max_kept, margin, left + 1)
-        return Selection(sel.kept, sel.holds, sel.trials, tuple(rows))
+        left = budget - len(trials)
+        sel = choose_kept([r["part"] for r in rows], memo, aim or bars, max_kept, margin, left + 1)
+        ordered = sel.trials[:1] + tuple(trials[1:]) + sel.trials[1:]  # all-reduced, everything kept, prefixes
+        return Selection(sel.kept, sel.holds, ordered, tuple(rows), aimed_at=aim)
     finally:
         measure.close()
 
@@ -190,6 +203,7 @@ def int8_keep(job, target: str) -> tuple[str, ...]:
     """The encoder Linears a dynamic-int8 export (``job``) keeps fp32, chosen by measurement
     (``export.int8_sensitivity.select_int8`` on the weights the export quantises, with ``target``'s
     activation granularity); recorded in ``job.state["mixed_precision"]``."""
+    from sam2edge.checks.fidelity.bars import bars_for
     from sam2edge.export.int8_sensitivity import SELECTION_BARS, select_int8
     from sam2edge.progress import stage
 
@@ -197,6 +211,8 @@ def int8_keep(job, target: str) -> tuple[str, ...]:
         stage("int8: measuring which encoder layers must stay fp32 (eager emulation vs the fp32 reference)")
         sd = {k: v.detach() for k, v in job.model.state_dict().items()}
         bars = {**SELECTION_BARS, **(job.bars or {})}
-        sel = select_int8(sd, job.cfg, target, job.reference(), bars, clicks=job.clicks)
+        ship = bars_for("int8", job.bars)
+        ship = {k: v for k, v in ship.items() if k in ("min_iou_worst", "min_iou_median")}
+        sel = select_int8(sd, job.cfg, target, job.reference(), bars, clicks=job.clicks, fallback=ship)
         job.state["mixed_precision"] = sel.as_dict()
     return tuple(job.state["mixed_precision"]["kept_fp32"])

@@ -102,8 +102,9 @@ IO = {
 WORK = ".work"  # raw and optimised graphs, kept until the optimisation check
 
 
-def optimize(src: Path, dst: Path) -> dict:
-    """onnxruntime offline BASIC optimisation of ``src`` into ``dst``; node counts before / after."""
+def optimize(src: Path, dst: Path, allowed_domains: tuple[str, ...] = ()) -> dict:
+    """onnxruntime BASIC optimisation of ``src`` into ``dst`` (node counts); standard ONNX domains only, unless
+    ``allowed_domains`` (a benchmark's onnxruntime-only graph: ``Rewrites.attention_impl="ort_mha"``)."""
     import onnx
     import onnxruntime as ort
 
@@ -113,7 +114,7 @@ def optimize(src: Path, dst: Path) -> dict:
     so.log_severity_level = 3
     ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
     before, after = onnx.load(str(src), load_external_data=False), onnx.load(str(dst), load_external_data=False)
-    domains = sorted({n.domain for n in after.graph.node if n.domain not in ("", "ai.onnx")})
+    domains = sorted({n.domain for n in after.graph.node if n.domain not in ("", "ai.onnx", *allowed_domains)})
     if domains:
         raise RuntimeError(f"optimised graph {dst} uses non-standard op domains {domains}")
     return {

@@ -18,7 +18,9 @@ from torch import nn
 @dataclass(frozen=True)
 class Rewrites:
     attention_rank: int = 4  # 4: q/k/v as [B, heads, N, d]; 3: [B*heads, N, d]
-    attention_impl: str = "math"  # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention
+    # "math": softmax(q k^T / sqrt(d)) v; "sdpa": F.scaled_dot_product_attention; "ort_mha": onnxruntime's fused
+    # MultiHeadAttention node where no key bias or transposed keys are involved (``model.fused_attention``)
+    attention_impl: str = "math"
     # "zero_stuff": zero-insert + Conv2d; "native": ConvTranspose2d; "matmul": one (HW, Cin) x (Cin, 4 Cout) product
     # (kernel 2, stride 2: the 2x2 output blocks do not overlap), the blocks put in place by rank-4 reshapes
     transposed_conv: str = "zero_stuff"
@@ -65,7 +67,7 @@ class Rewrites:
     def __post_init__(self) -> None:
         checks = {
             "attention_rank": (self.attention_rank, (3, 4)),
-            "attention_impl": (self.attention_impl, ("math", "sdpa")),
+            "attention_impl": (self.attention_impl, ("math", "sdpa", "ort_mha")),
             "transposed_conv": (self.transposed_conv, ("zero_stuff", "native", "matmul")),
             "layer_norm": (self.layer_norm, ("scaled", "safe", "native")),
             "mask_head": (self.mask_head, ("channel_sum", "matmul")),
@@ -194,6 +196,10 @@ def _attention(
 ) -> torch.Tensor:
     """``attention`` on one batch slice: (B, Nq, C), (B, Nk, C) or (B, C, Nk), (B, Nk, Cv) -> (B, Nq, Cv);
     the queries in slices of ``query_chunk`` rows (0: all at once)."""
+    if rw.attention_impl == "ort_mha" and key_bias is None and not keys_transposed and not query_chunk:
+        from sam2edge.model.fused_attention import ort_multi_head_attention
+
+        return ort_multi_head_attention(q, k, v, num_heads)  # (B, Nq, Cv)
     B, Nq, C = q.shape
     Nk, Cv = v.shape[1], v.shape[2]
     d, dv = C // num_heads, Cv // num_heads
