@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from datetime import date
@@ -70,8 +71,14 @@ def _row(card: dict, name: str) -> dict:
         "median": round(e2e["iou_median"], 5),
         "ships": "yes" if card["status"] == "shippable" else "no (refused)",
         "kept_fp32": kept,
-        "command": card.get("command", ""),
+        "command": _portable(card.get("command", "")),
     }
+
+
+def _portable(command: str) -> str:
+    """The card's command with this machine's folders named by role: the set's as SET, the bundle's as DIR."""
+    command = re.sub(r"--checkpoint \S*/([^/\s]+)", r"--checkpoint SET/\1", command)
+    return re.sub(r"--out \S+", "--out DIR", command)
 
 
 def record(args) -> int:
