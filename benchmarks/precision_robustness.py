@@ -108,8 +108,12 @@ def record(args) -> int:
             "channels); IoU: each export's own fidelity, 40 clicks on 5 photos vs eager fp32 with upstream's "
             "operations; bars fp16 worst >= 0.99, median >= 0.999; int8 worst >= 0.95 (the int8 goal adds median "
             ">= 0.99, which the int8 selection aims at first)",
-            "synthetic: the project's own weights (no --checkpoint), for comparison",
-        ],
+        ]
+        + (
+            ["synthetic: the project's own weights (no --checkpoint)"]
+            if any(r["checkpoint"] == "synthetic" for r in rows)
+            else []
+        ),
     }
     Path(args.out).write_text(json.dumps(rec, indent=2) + "\n")
     print(f"{len(rows)} rows -> {args.out}")
