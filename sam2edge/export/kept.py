@@ -42,6 +42,10 @@ _MEASURED_WHY = (
     "chosen for these weights by measurement at export: the fewest parts, most harmful first, whose fp32 copies "
     "make the emulated end-to-end mask IoU meet the bars (export.mixed)"
 )
+# LiteRT applies the same measured choice through its quantisation recipe
+_LITERT_MEASURED_WHY = (
+    _MEASURED_WHY + "; their ops are left out of the recipe (export.litert_mixed, weight dtypes in extra.quantization)"
+)
 
 FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
     "executorch": {
@@ -85,12 +89,10 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "mask decoder)": _DECODER_FP16_WEIGHTS,
             "all activations (fp16 weights only)": "full_fp16_recipe stores weights in fp16 and the CPU kernels "
             "compute in fp32",
-            _MEASURED_PARTS: _MEASURED_WHY + "; their ops are left out of the recipe (export.litert_mixed, "
-            "weight dtypes in extra.quantization)",
+            _MEASURED_PARTS: _LITERT_MEASURED_WHY,
         },
         "int8": {
-            _MEASURED_PARTS: _MEASURED_WHY + "; their ops are left out of the recipe (export.litert_mixed, "
-            "weight dtypes in extra.quantization)",
+            _MEASURED_PARTS: _LITERT_MEASURED_WHY,
             "decoder": _INT8_DECODER,
             "activations": "dynamic-range int8: int8 weights, activations quantised per call, fp32 elsewhere",
         },

@@ -160,12 +160,12 @@ def graphs(model: Sam2ImageModel, num_tokens: int) -> dict[str, tuple[nn.Module,
 
 
 def _convert(job, file: str, module: nn.Module, sample: dict[str, torch.Tensor]) -> None:
-    if file == ENCODER_FILE and _precision(job, file) in ("fp16", "int8"):
-        precision = _precision(job, file)
+    precision = _precision(job, file)
+    if file == ENCODER_FILE and precision in ("fp16", "int8"):
         keep = fp16_keep(job) if precision == "fp16" else int8_keep(job, "litert")
         job.state["quantization"] = convert_kept(module, sample, job.folder / file, precision, keep, job.model)
     else:
-        convert_graph(module, sample, job.folder / file, _precision(job, file))
+        convert_graph(module, sample, job.folder / file, precision)
 
 
 def lint_graphs(folder: Path, files: list[str], allow_dirty: bool) -> dict[str, LintReport]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sam2edge.model.layers import _heads
+
 DOMAIN = "com.microsoft"  # the contrib-op domain onnxruntime registers MultiHeadAttention in
 
 
@@ -20,13 +22,9 @@ class OrtMultiHeadAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
-        B, Nq, C = q.shape
-        Nk, Cv = v.shape[1], v.shape[2]
-        qh = q.reshape(B, Nq, num_heads, C // num_heads).transpose(1, 2)  # (B, nh, Nq, d)
-        kh = k.reshape(B, Nk, num_heads, C // num_heads).transpose(1, 2)  # (B, nh, Nk, d)
-        vh = v.reshape(B, Nk, num_heads, Cv // num_heads).transpose(1, 2)  # (B, nh, Nk, dv)
-        out = F.scaled_dot_product_attention(qh, kh, vh)  # (B, nh, Nq, dv)
-        return out.transpose(1, 2).reshape(B, Nq, Cv)  # (B, Nq, Cv)
+        B, Nq, _ = q.shape
+        out = F.scaled_dot_product_attention(*(_heads(t, num_heads) for t in (q, k, v)))  # (B, nh, Nq, dv)
+        return out.transpose(1, 2).reshape(B, Nq, v.shape[2])  # (B, Nq, Cv)
 
     @staticmethod
     def symbolic(g, q, k, v, num_heads: int):
