@@ -28,8 +28,9 @@ Measure = Callable[[tuple[str, ...]], tuple[float, float]]
 MARGIN = {"min_iou_worst": 0.001, "min_iou_median": 0.0001}
 # prefix sizes tried after 0 (doubling, then a binary search: a long ranking costs few measurements)
 STEPS = (1, 2, 4, 8, 16, 32, 64)
-# end-to-end measurements one selection may spend (each encodes every photo of the click set once)
-MAX_MEASUREMENTS = 6
+# end-to-end measurements one selection may spend (each encodes the click set's 5 photos once): all-reduced,
+# everything kept, prefixes of 1, 2, 4, 8, 16, then 3 steps of binary search
+MAX_MEASUREMENTS = 10
 
 
 @dataclass(frozen=True)

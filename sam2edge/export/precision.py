@@ -183,15 +183,19 @@ def int8_emulation(sd: dict, cfg: Sam2Config) -> GraphBackend:
 
 
 def _ious(ref, test, prompts) -> list[float]:
-    """Mask IoU per prompt of ``test`` vs ``ref`` predictors at the reference's chosen candidate."""
+    """Mask IoU per prompt of ``test`` vs ``ref`` predictors at the reference's chosen candidate, in the order
+    of ``prompts``. The prompts are run grouped by photo (``click_set`` cycles through its photos, so in its
+    own order every prompt would encode its photo again): each photo is encoded once per call."""
     import numpy as np
 
     from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
 
-    return [
-        mask_iou(tm[int(np.argmax(rs))], rm[int(np.argmax(rs))])
-        for _, (rm, rs, _), (tm, _, _) in predict_pairs(ref, test, prompts)
-    ]
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i].photo)  # stable: a photo's prompts keep their order
+    out = [0.0] * len(prompts)
+    for i, (_, (rm, rs, _), (tm, _, _)) in zip(order, predict_pairs(ref, test, [prompts[i] for i in order])):
+        k = int(np.argmax(rs))
+        out[i] = mask_iou(tm[k], rm[k])
+    return out
 
 
 def _localize_stage(ref_graph: nn.Module, test_graph: nn.Module, inputs: tuple, top: int) -> dict:
