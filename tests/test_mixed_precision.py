@@ -11,6 +11,7 @@ with the parts and IoUs it reached. Slow: the robustness set (``scripts/robustne
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -327,3 +328,33 @@ def test_smoothing_leaves_a_convolutional_trunk_alone():
         got = calibrate(model, cfg, photos=("horse.png",))
         want = len(model.image_encoder.trunk.blocks) * len(PAIRS) if pairs is None else pairs
         assert len(got) == want, (name, len(got))
+
+
+class _CountingPredictor:
+    """A predictor whose mask is a per-photo value: counts its encodes (``set_image`` calls)."""
+
+    def __init__(self, shift: int) -> None:
+        self.encodes, self.shift, self.image = 0, shift, None
+
+    def set_image(self, image) -> None:
+        self.encodes += 1
+        self.image = image
+
+    def predict(self, point_coords=None, point_labels=None, box=None, multimask_output=True):
+        masks = np.zeros((1, 8, 8), bool)
+        masks[0, : 1 + int(self.image.sum() + self.shift) % 8] = True  # rows set: a function of the photo
+        return masks, np.ones(1), np.zeros((1, 8, 8))
+
+
+def test_selection_measurements_encode_each_photo_once_and_keep_the_prompts_order():
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
+    from sam2edge.export.precision import _ious
+
+    prompts = click_set(10)  # cycles through 5 photos: in its own order every click changes photo
+    ref, test = _CountingPredictor(0), _CountingPredictor(3)
+    got = _ious(ref, test, prompts)
+    assert ref.encodes == test.encodes == len({p.photo for p in prompts}) == 5
+    slow_ref, slow_test = _CountingPredictor(0), _CountingPredictor(3)
+    one_by_one = [mask_iou(t[0], r[0]) for _, r, t in predict_pairs(slow_ref, slow_test, prompts)]
+    assert slow_test.encodes == 10 and got == one_by_one and len(set(got)) > 1
