@@ -6,12 +6,17 @@
     .venv/bin/python benchmarks/precision_robustness.py record --bundles /tmp/rset-bundles \\
         --out benchmarks/records/45-precision-robustness-1024.json
     .venv/bin/python benchmarks/precision_robustness.py weights --set /tmp/rset
+    .venv/bin/python benchmarks/bench_targets.py INT8 FP32 ... --peer PEER --records /tmp/rs-bench
+    .venv/bin/python benchmarks/precision_robustness.py speed --bench /tmp/rs-bench/DATE --set /tmp/rset \
+        --out benchmarks/records/47-int8-litert-speed-1024.json
 
 ``export`` runs ``sam2edge export ... --force`` (a refused bundle is still written, as "rejected", with its
 measured fidelity) for every checkpoint x target x precision whose bundle folder is not there yet, one process
 each. ``record`` reads the bundles' card.json (the export's own fidelity: 40 clicks on real photos vs eager fp32
 with upstream's operations, and ``extra.mixed_precision``: the parts kept fp32) into a ``sam2edge.table/1``
-record, one row per bundle with the exact command that wrote it.
+record, one row per bundle with the exact command that wrote it. ``speed`` turns one ``bench_targets.py`` run
+(its ``--records`` folder: one JSON per subject) into a table record: each bundle's encoder and click against
+upstream eager, the peer and the same target's fp32 in that run, with the bundle's measured IoU and parts kept.
 """
 
 from __future__ import annotations
@@ -136,6 +141,125 @@ def weights(args) -> int:
     return 0
 
 
+SPEED_COLUMNS = [
+    ["bundle", "bundle"],
+    ["checkpoint", "weights"],
+    ["encoder_ms", "encoder p50 (ms)"],
+    ["encoder_vs_upstream", "vs upstream"],
+    ["encoder_vs_peer", "vs peer"],
+    ["encoder_vs_fp32", "vs own fp32"],
+    ["click_ms", "click p50 (ms)"],
+    ["click_vs_peer", "click vs peer"],
+    ["kept", "kept fp32"],
+    ["mask_iou", "mask IoU worst (median)"],
+    ["ships", "status"],
+]
+
+
+def _weights_name(card: dict, set_dir: str | None) -> str:
+    """The robustness set's name for the card's checkpoint (by sha256), or the file's stem; "synthetic" for none."""
+    checkpoint = card["source"].get("checkpoint")
+    if not checkpoint:
+        return "synthetic"
+    sha = card["source"].get("sha256")
+    if set_dir and sha:
+        manifest = json.loads((Path(set_dir) / "manifest.json").read_text())
+        return next((n for n, e in manifest.items() if e["sha256"] == sha), Path(checkpoint).stem)
+    return Path(checkpoint).stem
+
+
+def _goals(rows: list[dict], bound: dict) -> str:
+    """The int8 speed goals read off the rows: <= 0.5x the peer's encoder and click, >= 1.6x faster than its own
+    fp32; ``bound``: the run's compute bound (``bench``'s model FLOPs at the measured GEMM rate)."""
+    int8 = [r for r in rows if r["bundle"].endswith(" int8") and r["ships"] == "shippable"]
+    if not int8:
+        return "No shippable int8 bundle in this run."
+    best = min(int8, key=lambda r: r["encoder_ms"])
+    fp32 = {r["bundle"].split()[0]: r["encoder_ms"] for r in rows if r["bundle"].endswith(" fp32") and r["kept"]}
+    own = [
+        f"{r['bundle']} {r['checkpoint']} {fp32[r['bundle'].split()[0]] / r['encoder_ms']:.2f}x"
+        for r in int8
+        if r["bundle"].split()[0] in fp32
+    ]
+    peer = float(best["encoder_vs_peer"][:-1])
+    return (
+        f"int8 goals: the fastest shippable int8 encoder ({best['bundle']}, {best['checkpoint']}) is "
+        f"{best['encoder_vs_peer']} the peer's (goal <= 0.5x: {'met' if peer <= 0.5 else 'not met'}); faster than "
+        f"the same target's fp32 by {', '.join(own) or 'no fp32 in this run'} (goal >= 1.6x). Its click is "
+        f"{best['click_vs_peer']} the peer's (goal <= 0.5x): int8 bundles keep the decoder fp32, "
+        f"{best['click_ms'] / bound['decoder_bound_ms']:.2f}x its compute bound ({bound['decoder_gflop']:.2f} GFLOP "
+        f"at the measured {bound['gemm_gflops']:.0f} GFLOP/s: {bound['decoder_bound_ms']:.1f} ms)."
+    )
+
+
+def speed(args) -> int:
+    """One bench run's subjects -> rows (bundles first, then the peer and upstream), ratios within the run."""
+    from sam2edge.cards.report import SCHEMA
+
+    subjects = [json.loads(p.read_text()) for p in sorted(Path(args.bench).glob("*.json"))]
+    by_runtime = {s["runtime"]: s for s in subjects if s.get("bundle") is None}
+    up, peer = by_runtime["upstream-eager"], by_runtime["peer-onnx"]
+    fp32 = {s["bundle"]["target"]: s for s in subjects if s.get("bundle") and s["bundle"]["precision"] == "fp32"}
+    first = next(s for s in subjects if s.get("bundle"))
+
+    def ratio(a: dict, b: dict | None, key: str = "encoder_ms") -> str:
+        return f"{a[key]['median'] / b[key]['median']:.2f}x" if b else ""
+
+    weights = _weights_name(json.loads((Path(first["bundle"]["path"]) / "card.json").read_text()), args.set)
+    rows = []
+    for s in sorted(subjects, key=lambda s: (s.get("bundle") is None, s["subject"])):
+        name = {"upstream-eager": "upstream eager fp32", "peer-onnx": "peer (samexporter-style ONNX fp32)"}
+        row = {"bundle": name.get(s["runtime"], s["subject"]), "checkpoint": weights, "kept": "", "mask_iou": ""}
+        row["ships"] = ""
+        if s.get("bundle"):
+            folder = Path(s["bundle"]["path"])
+            card = json.loads((folder / "card.json").read_text())
+            e2e = json.loads((folder / "fidelity.json").read_text())["end_to_end"]
+            mixed = card.get("extra", {}).get("mixed_precision")
+            row.update(
+                bundle=f"{card['target']} {card['precision']}",
+                checkpoint=_weights_name(card, args.set),
+                kept=str(len(mixed["kept_fp32"])) if mixed else "-",
+                mask_iou=f"{e2e['iou_worst']:.4f} ({e2e['iou_median']:.4f})",
+                ships=card["status"],
+            )
+        row.update(
+            encoder_ms=round(s["encoder_ms"]["median"]),
+            encoder_vs_upstream=ratio(s, up),
+            encoder_vs_peer=ratio(s, peer),
+            encoder_vs_fp32=ratio(s, fp32.get(s["bundle"]["target"])) if s.get("bundle") else "",
+            click_ms=round(s["decoder_ms"]["median"], 1),
+            click_vs_peer=ratio(s, peer, "decoder_ms"),
+        )
+        rows.append(row)
+    rec = {
+        "schema": SCHEMA,
+        "id": args.id,
+        "title": f"{args.title} (Hiera-Tiny, {first['resolution']} px, {first['threads']} threads)",
+        "date": first["date"],
+        "command": "python benchmarks/precision_robustness.py export --set SET --bundles DIR && python "
+        f"benchmarks/bench_targets.py BUNDLE ... --peer PEER --threads {first['threads']} --runs {first['runs']} "
+        f"--clicks {first['clicks_per_run']} --records RECORDS && python benchmarks/precision_robustness.py speed "
+        "--bench RECORDS/DATE --set SET --out FILE",
+        "machine": {k: first["machine"][k] for k in ("cpu", "cores", "vector_extensions")},
+        "sam2edge": {"version": first["version"].split()[-1]},
+        "columns": SPEED_COLUMNS,
+        "rows": rows,
+        "notes": [
+            f"One quiet process: every subject loaded and warmed up once, then {first['runs']} interleaved rounds "
+            f"of one encode and {first['clicks_per_run']} one-point clicks; compare only within this run. Upstream "
+            f"eager and the peer (samexporter-style ONNX fp32) run the first bundle's weights ({weights}).",
+            "kept fp32: encoder layers the export's measured selection kept fp32; mask IoU: the bundle's own "
+            "export-time check, 40 clicks on 5 photos vs eager fp32 with upstream's operations.",
+            _goals(rows, first["compute_bound"]),
+        ],
+        "chart": {"label": "bundle", "value": "encoder_ms", "title": "Encoder p50 (ms): lower is better"},
+    }
+    Path(args.out).write_text(json.dumps(rec, indent=2) + "\n")
+    print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -150,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", required=True)
     w = sub.add_parser("weights")
     w.add_argument("--set", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--bench", required=True, help="one bench_targets.py run's records (a --records/DATE folder)")
+    s.add_argument("--set", help="the robustness set the bundles were exported from (names their weights)")
+    s.add_argument("--id", default="int8-robustness-speed-1024")
+    s.add_argument("--title", default="Reduced-precision bundles of ordinary checkpoints against the peer and upstream")
+    s.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    return {"export": export, "record": record, "weights": weights}[args.cmd](args)
+    return {"export": export, "record": record, "weights": weights, "speed": speed}[args.cmd](args)
 
 
 if __name__ == "__main__":
