@@ -164,7 +164,7 @@ def measure_backend(
     end_to_end, bars, passed, failures}. ``bars`` overrides the precision's bars key by key;
     ``provenance`` = (reference, test) predictor provenance."""
     ref, test = CachedEncoder(ref) if not isinstance(ref, CachedEncoder) else ref, CachedEncoder(test)
-    prompts = sorted(click_set(clicks), key=lambda p: p.photo)
+    prompts = click_set(clicks)  # its own order: a failing click's index is the one `diagnose` reports
     mask_encoder = (
         (test.backend.encode_mask, _eager_mask_encoder(ref)) if hasattr(test.backend, "encode_mask") else None
     )
