@@ -189,6 +189,8 @@ def test_export_refused_when_the_selection_cannot_hold(tmp_path, monkeypatch):
     assert "keeping nothing in fp32 still missed the bars in the eager emulation (worst " in msg, msg
     assert re.search(r"IoU (worst|median) 0\.\d{4} < 0\.99", msg) and "sam2edge diagnose onnx" in msg, msg
     assert re.search(r"\((lowest: )?\S+\.(png|jpg) [a-z+]+ #\d+ 0\.\d{4}", msg), msg  # photo, kind, index, IoU
+    # and how fragile the reference mask is (its area, its logits near the threshold)
+    assert re.search(r"0\.\d{4} \(reference mask \d+ px, \d+% of its logits within \+-0\.1 of 0\)", msg), msg
 
 
 def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:
@@ -358,3 +360,17 @@ def test_selection_measurements_encode_each_photo_once_and_keep_the_prompts_orde
     slow_ref, slow_test = _CountingPredictor(0), _CountingPredictor(3)
     one_by_one = [mask_iou(t[0], r[0]) for _, r, t in predict_pairs(slow_ref, slow_test, prompts)]
     assert slow_test.encodes == 10 and got == one_by_one and len(set(got)) > 1
+
+
+def test_lowest_clicks_say_how_fragile_the_reference_mask_is():
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.checks.fidelity.metrics import end_to_end
+    from sam2edge.checks.photos import photo
+
+    prompts = click_set(10)
+    ref = _CountingPredictor(0)
+    e2e = end_to_end(ref, _CountingPredictor(3), prompts)
+    for c in e2e["lowest_clicks"]:
+        ref.set_image(photo(prompts[c["index"]].photo))
+        masks, _, _ = ref.predict()
+        assert c["ref_mask_px"] == int(masks[0].sum()) > 0 and c["ref_logits_near_0"] == 1.0  # its logits are all 0

@@ -42,6 +42,14 @@ def nonfinite_failures(outputs: dict[str, dict], e2e: dict) -> list[str]:
     return out
 
 
+def _click(c: dict) -> str:
+    """One failing click: photo, prompt kind, index in ``click_set``, IoU, and its reference mask's fragility."""
+    ref = ""
+    if "ref_mask_px" in c:
+        ref = f" (reference mask {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%} of its logits within +-0.1 of 0)"
+    return f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}{ref}"
+
+
 def check_bars(outputs: dict[str, dict], e2e: dict, bars: dict[str, float]) -> list[str]:
     """Failed bars, one line each (empty = passed). ``not x >= bar`` so that NaN fails too."""
     failures = nonfinite_failures(outputs, e2e)
@@ -51,13 +59,13 @@ def check_bars(outputs: dict[str, dict], e2e: dict, bars: dict[str, float]) -> l
                 failures.append(f"{name}: cosine {m['cosine']:.7f} < {bars['min_cosine']}")
     if "min_iou_worst" in bars and not e2e["iou_worst"] >= bars["min_iou_worst"]:
         under = [c for c in e2e.get("lowest_clicks", []) if not c["iou"] >= bars["min_iou_worst"]]
-        where = ", ".join(f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}" for c in under)
+        where = ", ".join(_click(c) for c in under)
         failures.append(
             f"end-to-end mask IoU worst {e2e['iou_worst']:.4f} < {bars['min_iou_worst']}"
             + (f" ({where})" if where else "")
         )
     if "min_iou_median" in bars and not e2e["iou_median"] >= bars["min_iou_median"]:
-        low = ", ".join(f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}" for c in e2e.get("lowest_clicks", []))
+        low = ", ".join(_click(c) for c in e2e.get("lowest_clicks", []))
         failures.append(
             f"end-to-end mask IoU median {e2e['iou_median']:.4f} < {bars['min_iou_median']}"
             + (f" (lowest: {low})" if low else "")

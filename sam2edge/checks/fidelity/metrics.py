@@ -17,6 +17,7 @@ import numpy as np
 from sam2edge.checks.photos import PHOTOS, photo
 
 LOWEST_CLICKS = 5  # end_to_end names this many lowest-IoU prompts (photo, kind, IoU): what a refusal failed on
+NEAR_THRESHOLD = 0.1  # |low-res logit| under this: a pixel any rounding may flip (the mask threshold is 0)
 
 
 @dataclass
@@ -94,18 +95,29 @@ def predict_pairs(ref, test, prompts: list[Prompt]) -> Iterator[tuple[Prompt, tu
 
 
 def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], None] | None = None) -> dict:
-    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo."""
-    ious, agree, score_diff, nonfinite = [], 0, 0.0, 0
-    for i, (_, (rm, rs, _), (tm, ts, tl)) in enumerate(predict_pairs(ref, test, prompts)):
+    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo. The lowest
+    clicks carry what makes a reference mask fragile: its area in pixels (``ref_mask_px``: a few pixels flip
+    the IoU of a tiny mask) and the share of its low-res logits within ``NEAR_THRESHOLD`` of 0
+    (``ref_logits_near_0``: a mask decided by a near-flat logit map flips under any rounding)."""
+    ious, agree, score_diff, nonfinite, fragile = [], 0, 0.0, 0, []
+    for i, (_, (rm, rs, rl), (tm, ts, tl)) in enumerate(predict_pairs(ref, test, prompts)):
         nonfinite += int(not (np.isfinite(ts).all() and np.isfinite(tl).all()))
         k = int(np.argmax(rs))
         agree += int(np.argmax(ts) == k)
         ious.append(mask_iou(tm[k], rm[k]))
+        fragile.append((int(rm[k].sum()), float((np.abs(rl[k]) < NEAR_THRESHOLD).mean())))
         score_diff = max(score_diff, float(np.abs(ts - rs).max()))
         if progress:
             progress(i + 1, len(prompts))
     lowest = [
-        {"index": int(i), "photo": prompts[i].photo, "kind": prompts[i].kind, "iou": float(ious[i])}
+        {
+            "index": int(i),
+            "photo": prompts[i].photo,
+            "kind": prompts[i].kind,
+            "iou": float(ious[i]),
+            "ref_mask_px": fragile[i][0],
+            "ref_logits_near_0": round(fragile[i][1], 4),
+        }
         for i in np.argsort(ious, kind="stable")[:LOWEST_CLICKS]
     ]
     return {
