@@ -190,7 +190,7 @@ def test_export_refused_when_the_selection_cannot_hold(tmp_path, monkeypatch):
     assert re.search(r"IoU (worst|median) 0\.\d{4} < 0\.99", msg) and "sam2edge diagnose onnx" in msg, msg
     assert re.search(r"\((lowest: )?\S+\.(png|jpg) [a-z+]+ #\d+ 0\.\d{4}", msg), msg  # photo, kind, index, IoU
     # and how fragile the reference mask is (its area, its logits near the threshold)
-    assert re.search(r"0\.\d{4} \(reference mask \d+ px, \d+% of its logits within \+-0\.1 of 0\)", msg), msg
+    assert re.search(r"0\.\d{4} \[reference mask \d+ px, \d+% of its logits within \+-0\.1 of 0\]", msg), msg
 
 
 def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:

@@ -46,7 +46,7 @@ def _click(c: dict) -> str:
     """One failing click: photo, prompt kind, index in ``click_set``, IoU, and its reference mask's fragility."""
     ref = ""
     if "ref_mask_px" in c:
-        ref = f" (reference mask {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%} of its logits within +-0.1 of 0)"
+        ref = f" [reference mask {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%} of its logits within +-0.1 of 0]"
     return f"{c['photo']} {c['kind']} #{c['index']} {c['iou']:.4f}{ref}"
 
 
