@@ -118,7 +118,8 @@ def record(args) -> int:
             ["synthetic: the project's own weights (no --checkpoint)"]
             if any(r["checkpoint"] == "synthetic" for r in rows)
             else []
-        ),
+        )
+        + args.note,
     }
     Path(args.out).write_text(json.dumps(rec, indent=2) + "\n")
     print(f"{len(rows)} rows -> {args.out}")
@@ -272,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("record")
     r.add_argument("--bundles", required=True, nargs="+", help="folders holding bundle folders")
     r.add_argument("--out", required=True)
+    r.add_argument("--note", action="append", default=[], help="a note under the table (repeatable)")
     w = sub.add_parser("weights")
     w.add_argument("--set", required=True)
     s = sub.add_parser("speed")
