@@ -381,3 +381,18 @@ def test_webgpu_bundle_twin_meets_the_bar(tmp_path):
     model = build_sam2(CFG.at_resolution(512))
     model.load_state_dict(load_weights(None, CFG.at_resolution(512))[0])
     np.testing.assert_array_equal(img_pos, model.sam_prompt_encoder.image_pe.numpy())
+
+
+def test_int8_size_limit_counts_layers_kept_fp32_at_4_bytes():
+    """A Linear the measured selection keeps fp32 is stored fp32 in encoder.pte: the size limit counts it so."""
+    from sam2edge.export.executorch import parameter_bytes
+    from sam2edge.model import build_sam2
+
+    model = build_sam2(TEST_SMALL)
+    name = next(
+        n for n, m in model.named_modules() if n.startswith("image_encoder.") and isinstance(m, torch.nn.Linear)
+    )
+    w = dict(model.named_parameters())[f"{name}.weight"]
+    int8, kept = parameter_bytes(model, "int8"), parameter_bytes(model, "int8", (name,))
+    assert kept["encoder"] - int8["encoder"] == 4 * w.numel() - (w.numel() + 4 * w.shape[0])
+    assert kept["decoder"] == int8["decoder"]

@@ -149,10 +149,10 @@ def parameter_bytes(model: Sam2ImageModel, precision: str, kept: tuple[str, ...]
     out = {"encoder": 0, "decoder": 0}
     for name, p in model.named_parameters():
         part = "decoder" if name.startswith(DECODER_PARTS) and not name.startswith(ENCODER_ONLY) else "encoder"
-        if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS):
+        fp32_part = any(name == k or name.startswith(k + ".") for k in kept)
+        if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS) and not fp32_part:
             size = p.numel() + 4 * p.shape[0]
         else:  # fp16: the encoder's parameters only (decoder.pte is fp32), convolutions' kept fp32
-            fp32_part = any(name == k or name.startswith(k + ".") for k in kept)
             half = precision == "fp16" and part == "encoder" and name not in conv and not fp32_part
             size = p.numel() * (2 if half else CONV_STORED_BYTES if name in conv else 4)
         out[part] += size
