@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-clicks", type=int, default=10)
     p.add_argument("--out", help="write the ranking and the prefixes' IoUs here (JSON)")
     args = p.parse_args(argv)
+    if args.out and Path(args.out).exists():
+        p.error(f"{args.out} exists; name a new file for --out (it is never overwritten)")
 
     from sam2edge.checks.fidelity import click_set
     from sam2edge.checks.fidelity.measure import CachedReference
