@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the ranking and the prefixes' IoUs here (JSON)")
     args = p.parse_args(argv)
     if args.out and Path(args.out).exists():
-        p.error(f"{args.out} exists; name a new file for --out (it is never overwritten)")
+        print(f"error: {args.out} exists; name a new file for --out (it is never overwritten)", file=sys.stderr)
+        return 2
 
     from sam2edge.checks.fidelity import click_set
     from sam2edge.checks.fidelity.measure import CachedReference
