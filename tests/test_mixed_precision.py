@@ -350,7 +350,8 @@ class _CountingPredictor:
 
 def test_selection_measurements_encode_each_photo_once_and_keep_the_prompts_order():
     from sam2edge.checks.fidelity import click_set
-    from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
+    from sam2edge.checks.fidelity.metrics import mask_iou
+    from sam2edge.checks.photos import photo
     from sam2edge.export.precision import _ious
 
     prompts = click_set(10)  # cycles through 5 photos: in its own order every click changes photo
@@ -358,7 +359,11 @@ def test_selection_measurements_encode_each_photo_once_and_keep_the_prompts_orde
     got = _ious(ref, test, prompts)
     assert ref.encodes == test.encodes == len({p.photo for p in prompts}) == 5
     slow_ref, slow_test = _CountingPredictor(0), _CountingPredictor(3)
-    one_by_one = [mask_iou(t[0], r[0]) for _, r, t in predict_pairs(slow_ref, slow_test, prompts)]
+    one_by_one = []
+    for p in prompts:  # each prompt on its own photo, in the prompts' order
+        slow_ref.set_image(photo(p.photo))
+        slow_test.set_image(photo(p.photo))
+        one_by_one.append(mask_iou(slow_test.predict()[0][0], slow_ref.predict()[0][0]))
     assert slow_test.encodes == 10 and got == one_by_one and len(set(got)) > 1
 
 

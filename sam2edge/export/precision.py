@@ -184,15 +184,13 @@ def int8_emulation(sd: dict, cfg: Sam2Config) -> GraphBackend:
 
 def _ious(ref, test, prompts) -> list[float]:
     """Mask IoU per prompt of ``test`` vs ``ref`` predictors at the reference's chosen candidate, in the order
-    of ``prompts``. The prompts are run grouped by photo (``click_set`` cycles through its photos, so in its
-    own order every prompt would encode its photo again): each photo is encoded once per call."""
+    of ``prompts`` (``predict_pairs`` encodes each photo once)."""
     import numpy as np
 
     from sam2edge.checks.fidelity.metrics import mask_iou, predict_pairs
 
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i].photo)  # stable: a photo's prompts keep their order
     out = [0.0] * len(prompts)
-    for i, (_, (rm, rs, _), (tm, _, _)) in zip(order, predict_pairs(ref, test, [prompts[i] for i in order])):
+    for i, _, (rm, rs, _), (tm, _, _) in predict_pairs(ref, test, prompts):
         k = int(np.argmax(rs))
         out[i] = mask_iou(tm[k], rm[k])
     return out

@@ -80,35 +80,40 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(a, b).sum() / union) if union else 1.0
 
 
-def predict_pairs(ref, test, prompts: list[Prompt]) -> Iterator[tuple[Prompt, tuple, tuple]]:
-    """(prompt, ref.predict(...), test.predict(...)) for each prompt, ``ref`` and ``test`` predictors with the
-    same API, each photo encoded once while consecutive prompts share it."""
+def predict_pairs(ref, test, prompts: list[Prompt]) -> Iterator[tuple[int, Prompt, tuple, tuple]]:
+    """(index in ``prompts``, prompt, ref.predict(...), test.predict(...)) for each prompt, ``ref`` and ``test``
+    predictors with the same API. The prompts run grouped by photo (stable: a photo's prompts keep their order;
+    ``click_set`` cycles through its photos, so in its own order every prompt would change photo): each photo is
+    encoded once per call."""
     current = None
-    for p in prompts:
+    for i in sorted(range(len(prompts)), key=lambda i: prompts[i].photo):
+        p = prompts[i]
         if p.photo != current:
             img = photo(p.photo)
             ref.set_image(img)
             test.set_image(img)
             current = p.photo
         kw = dict(point_coords=p.point_coords, point_labels=p.point_labels, box=p.box, multimask_output=p.multimask)
-        yield p, ref.predict(**kw), test.predict(**kw)
+        yield i, p, ref.predict(**kw), test.predict(**kw)
 
 
 def end_to_end(ref, test, prompts: list[Prompt], progress: Callable[[int, int], None] | None = None) -> dict:
-    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo. The lowest
+    """Mask IoU of ``test`` vs ``ref`` predictors (same API) over ``prompts``, one encode per photo (the IoUs and
+    indices in the order of ``prompts``). The lowest
     clicks carry what makes a reference mask fragile: its area in pixels (``ref_mask_px``: a few pixels flip
     the IoU of a tiny mask) and the share of its low-res logits within ``NEAR_THRESHOLD`` of 0
     (``ref_logits_near_0``: a mask decided by a near-flat logit map flips under any rounding)."""
-    ious, agree, score_diff, nonfinite, fragile = [], 0, 0.0, 0, []
-    for i, (_, (rm, rs, rl), (tm, ts, tl)) in enumerate(predict_pairs(ref, test, prompts)):
+    agree, score_diff, nonfinite = 0, 0.0, 0
+    ious, fragile = [0.0] * len(prompts), [(0, 0.0)] * len(prompts)  # in the order of ``prompts``
+    for done, (i, _, (rm, rs, rl), (tm, ts, tl)) in enumerate(predict_pairs(ref, test, prompts), 1):
         nonfinite += int(not (np.isfinite(ts).all() and np.isfinite(tl).all()))
         k = int(np.argmax(rs))
         agree += int(np.argmax(ts) == k)
-        ious.append(mask_iou(tm[k], rm[k]))
-        fragile.append((int(rm[k].sum()), float((np.abs(rl[k]) < NEAR_THRESHOLD).mean())))
+        ious[i] = mask_iou(tm[k], rm[k])
+        fragile[i] = (int(rm[k].sum()), float((np.abs(rl[k]) < NEAR_THRESHOLD).mean()))
         score_diff = max(score_diff, float(np.abs(ts - rs).max()))
         if progress:
-            progress(i + 1, len(prompts))
+            progress(done, len(prompts))
     lowest = [
         {
             "index": int(i),
