@@ -20,6 +20,17 @@ from pathlib import Path
 import numpy as np
 
 
+def _problem(args) -> str | None:
+    """What makes the arguments unusable, in one line (None: nothing)."""
+    if args.out and Path(args.out).exists():
+        return f"{args.out} exists; name a new file for --out (it is never overwritten)"
+    if args.rank_clicks < 1:
+        return f"--rank-clicks {args.rank_clicks}: give 1 or more"
+    if not Path(args.checkpoint).is_file():
+        return f"{args.checkpoint}: no such file; give a SAM 2.1 checkpoint's path"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoint")
@@ -28,10 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-clicks", type=int, default=10)
     p.add_argument("--out", help="write the ranking and the prefixes' IoUs here (JSON)")
     args = p.parse_args(argv)
-    if args.out and Path(args.out).exists():
-        print(f"error: {args.out} exists; name a new file for --out (it is never overwritten)", file=sys.stderr)
+    problem = _problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
 
+    from sam2edge.errors import UserError
+
+    try:
+        return _rank(args)
+    except UserError as e:  # e.g. a file that is not a checkpoint of --config
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _rank(args) -> int:
     from sam2edge.checks.fidelity import click_set
     from sam2edge.checks.fidelity.measure import CachedReference
     from sam2edge.config import get_config

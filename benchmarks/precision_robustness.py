@@ -157,61 +157,85 @@ SPEED_COLUMNS = [
 ]
 
 
-def _weights_name(card: dict, set_dir: str | None) -> str:
-    """The robustness set's name for the card's checkpoint (by sha256), or the file's stem; "synthetic" for none."""
+# bench subjects that are not bundles, by runtime
+SUBJECT_NAMES = {"upstream-eager": "upstream eager fp32", "peer-onnx": "peer (samexporter-style ONNX fp32)"}
+
+
+def _weights_name(card: dict, manifest: dict) -> str:
+    """The robustness set's name for the card's checkpoint (by sha256 in ``manifest``), or the file's stem;
+    "synthetic" for none."""
     checkpoint = card["source"].get("checkpoint")
     if not checkpoint:
         return "synthetic"
     sha = card["source"].get("sha256")
-    if set_dir and sha:
-        manifest = json.loads((Path(set_dir) / "manifest.json").read_text())
-        return next((n for n, e in manifest.items() if e["sha256"] == sha), Path(checkpoint).stem)
-    return Path(checkpoint).stem
+    return next((n for n, e in manifest.items() if sha and e["sha256"] == sha), Path(checkpoint).stem)
 
 
-def _goals(rows: list[dict], bound: dict) -> str:
-    """The int8 speed goals read off the rows: <= 0.5x the peer's encoder and click, >= 1.6x faster than its own
-    fp32; ``bound``: the run's compute bound (``bench``'s model FLOPs at the measured GEMM rate)."""
-    int8 = [r for r in rows if r["bundle"].endswith(" int8") and r["ships"] == "shippable"]
+def _median(subject: dict, key: str = "encoder_ms") -> float:
+    return subject[key]["median"]
+
+
+def _goals(int8: list[tuple[dict, dict]], peer: dict, fp32: dict[str, dict], bound: dict) -> str:
+    """The int8 speed goals, from the run's medians: <= 0.5x the peer's encoder and click, >= 1.6x faster than
+    the same target's fp32. ``int8``: (row, subject) of each shippable int8 bundle; ``fp32``: target -> subject;
+    ``bound``: the run's compute bound (``bench``'s model FLOPs at the measured GEMM rate)."""
     if not int8:
         return "No shippable int8 bundle in this run."
-    best = min(int8, key=lambda r: r["encoder_ms"])
-    fp32 = {r["bundle"].split()[0]: r["encoder_ms"] for r in rows if r["bundle"].endswith(" fp32") and r["kept"]}
+    row, best = min(int8, key=lambda rs: _median(rs[1]))
+    vs_peer = _median(best) / _median(peer)
     own = [
-        f"{r['bundle']} {r['checkpoint']} {fp32[r['bundle'].split()[0]] / r['encoder_ms']:.2f}x"
-        for r in int8
-        if r["bundle"].split()[0] in fp32
+        f"{r['bundle']} {r['checkpoint']} {_median(fp32[s['bundle']['target']]) / _median(s):.2f}x"
+        for r, s in int8
+        if s["bundle"]["target"] in fp32
     ]
-    peer = float(best["encoder_vs_peer"][:-1])
+    click = _median(best, "decoder_ms")
     return (
-        f"int8 goals: the fastest shippable int8 encoder ({best['bundle']}, {best['checkpoint']}) is "
-        f"{best['encoder_vs_peer']} the peer's (goal <= 0.5x: {'met' if peer <= 0.5 else 'not met'}); faster than "
-        f"the same target's fp32 by {', '.join(own) or 'no fp32 in this run'} (goal >= 1.6x). Its click is "
-        f"{best['click_vs_peer']} the peer's (goal <= 0.5x): int8 bundles keep the decoder fp32, "
-        f"{best['click_ms'] / bound['decoder_bound_ms']:.2f}x its compute bound ({bound['decoder_gflop']:.2f} GFLOP "
-        f"at the measured {bound['gemm_gflops']:.0f} GFLOP/s: {bound['decoder_bound_ms']:.1f} ms)."
+        f"int8 goals: the fastest shippable int8 encoder ({row['bundle']}, {row['checkpoint']}) is "
+        f"{vs_peer:.2f}x the peer's (goal <= 0.5x: {'met' if vs_peer <= 0.5 else 'not met'}); faster than the same "
+        f"target's fp32 by {', '.join(own) or 'no fp32 in this run'} (goal >= 1.6x). Its click is "
+        f"{click / _median(peer, 'decoder_ms'):.2f}x the peer's (goal <= 0.5x): int8 bundles keep the decoder fp32, "
+        f"{click / bound['decoder_bound_ms']:.2f}x its compute bound ({bound['decoder_gflop']:.2f} GFLOP at the "
+        f"measured {bound['gemm_gflops']:.0f} GFLOP/s: {bound['decoder_bound_ms']:.1f} ms)."
     )
+
+
+def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dict) -> str | None:
+    """What makes ``speed``'s input unusable, in one line (None: nothing)."""
+    if not subjects:
+        return f"{bench}: no bench records; give one bench_targets.py --records/DATE folder"
+    if not {"upstream-eager", "peer-onnx"} <= set(by_runtime):
+        return f"{bench}: the run has no upstream eager or no peer subject; run bench_targets.py with --peer"
+    if not any(s.get("bundle") for s in subjects):
+        return f"{bench}: the run timed no bundle; give bench_targets.py bundle folders"
+    if out.resolve().parent == bench.resolve():
+        return f"{out}: inside --bench, beside the run's records; write the record elsewhere"
+    return None
 
 
 def speed(args) -> int:
     """One bench run's subjects -> rows (bundles first, then the peer and upstream), ratios within the run."""
     from sam2edge.cards.report import SCHEMA
 
-    subjects = [json.loads(p.read_text()) for p in sorted(Path(args.bench).glob("*.json"))]
+    bench, out = Path(args.bench), Path(args.out)
+    subjects = [json.loads(p.read_text()) for p in sorted(bench.glob("*.json"))] if bench.is_dir() else []
     by_runtime = {s["runtime"]: s for s in subjects if s.get("bundle") is None}
+    problem = _speed_problem(bench, out, subjects, by_runtime)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     up, peer = by_runtime["upstream-eager"], by_runtime["peer-onnx"]
     fp32 = {s["bundle"]["target"]: s for s in subjects if s.get("bundle") and s["bundle"]["precision"] == "fp32"}
     first = next(s for s in subjects if s.get("bundle"))
+    manifest = json.loads((Path(args.set) / "manifest.json").read_text()) if args.set else {}
 
     def ratio(a: dict, b: dict | None, key: str = "encoder_ms") -> str:
-        return f"{a[key]['median'] / b[key]['median']:.2f}x" if b else ""
+        return f"{_median(a, key) / _median(b, key):.2f}x" if b else ""
 
-    weights = _weights_name(json.loads((Path(first["bundle"]["path"]) / "card.json").read_text()), args.set)
-    rows = []
+    weights = _weights_name(json.loads((Path(first["bundle"]["path"]) / "card.json").read_text()), manifest)
+    rows, int8 = [], []
     for s in sorted(subjects, key=lambda s: (s.get("bundle") is None, s["subject"])):
-        name = {"upstream-eager": "upstream eager fp32", "peer-onnx": "peer (samexporter-style ONNX fp32)"}
-        row = {"bundle": name.get(s["runtime"], s["subject"]), "checkpoint": weights, "kept": "", "mask_iou": ""}
-        row["ships"] = ""
+        row = {"bundle": SUBJECT_NAMES.get(s["runtime"], s["subject"]), "checkpoint": weights}
+        row.update(kept="", mask_iou="", ships="")
         if s.get("bundle"):
             folder = Path(s["bundle"]["path"])
             card = json.loads((folder / "card.json").read_text())
@@ -219,17 +243,19 @@ def speed(args) -> int:
             mixed = card.get("extra", {}).get("mixed_precision")
             row.update(
                 bundle=f"{card['target']} {card['precision']}",
-                checkpoint=_weights_name(card, args.set),
+                checkpoint=_weights_name(card, manifest),
                 kept=str(len(mixed["kept_fp32"])) if mixed else "-",
                 mask_iou=f"{e2e['iou_worst']:.4f} ({e2e['iou_median']:.4f})",
                 ships=card["status"],
             )
+            if card["precision"] == "int8" and card["status"] == "shippable":
+                int8.append((row, s))
         row.update(
-            encoder_ms=round(s["encoder_ms"]["median"]),
+            encoder_ms=round(_median(s)),
             encoder_vs_upstream=ratio(s, up),
             encoder_vs_peer=ratio(s, peer),
             encoder_vs_fp32=ratio(s, fp32.get(s["bundle"]["target"])) if s.get("bundle") else "",
-            click_ms=round(s["decoder_ms"]["median"], 1),
+            click_ms=round(_median(s, "decoder_ms"), 1),
             click_vs_peer=ratio(s, peer, "decoder_ms"),
         )
         rows.append(row)
@@ -252,7 +278,7 @@ def speed(args) -> int:
             f"eager and the peer (samexporter-style ONNX fp32) run the first bundle's weights ({weights}).",
             "kept fp32: encoder layers the export's measured selection kept fp32; mask IoU: the bundle's own "
             "export-time check, 40 clicks on 5 photos vs eager fp32 with upstream's operations.",
-            _goals(rows, first["compute_bound"]),
+            _goals(int8, peer, fp32, first["compute_bound"]),
         ],
         "chart": {"label": "bundle", "value": "encoder_ms", "title": "Encoder p50 (ms): lower is better"},
     }

@@ -1,0 +1,146 @@
+"""The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
+records, and both it and ``int8_rank_alone.py`` refuse unusable input in one line with exit code 2, writing nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _subject(runtime: str, encoder: float, click: float, bundle: dict | None = None) -> dict:
+    return {
+        "subject": f"{runtime} {bundle['precision'] if bundle else 'fp32'} 1024",
+        "runtime": runtime,
+        "bundle": bundle,
+        "encoder_ms": {"median": encoder},
+        "decoder_ms": {"median": click},
+        "resolution": 1024,
+        "threads": 2,
+        "runs": 5,
+        "clicks_per_run": 4,
+        "date": "2026-01-02",
+        "version": "sam2edge 9.9.9",
+        "machine": {"cpu": "Test CPU", "cores": 2, "vector_extensions": ["avx2"]},
+        "compute_bound": {"decoder_bound_ms": 10.0, "decoder_gflop": 2.0, "gemm_gflops": 200.0},
+    }
+
+
+def _bundle(folder: Path, target: str, precision: str, kept: int, status: str = "shippable") -> dict:
+    folder.mkdir(parents=True)
+    card = {
+        "target": target,
+        "precision": precision,
+        "status": status,
+        "source": {"checkpoint": "/somewhere/renamed.pt", "sha256": "abc"},
+        "extra": {"mixed_precision": {"kept_fp32": [f"layer{i}" for i in range(kept)]}} if precision != "fp32" else {},
+    }
+    (folder / "card.json").write_text(json.dumps(card))
+    e2e = {"iou_worst": 0.96, "iou_median": 0.991}
+    (folder / "fidelity.json").write_text(json.dumps({"end_to_end": e2e}))
+    return {"path": str(folder), "target": target, "precision": precision}
+
+
+@pytest.fixture
+def bench_run(tmp_path):
+    """One bench run: an int8 and an fp32 LiteRT bundle, the peer and upstream eager (times in ms)."""
+    run = tmp_path / "records" / "2026-01-02"
+    run.mkdir(parents=True)
+    int8 = _bundle(tmp_path / "b-int8", "litert", "int8", kept=3)
+    fp32 = _bundle(tmp_path / "b-fp32", "litert", "fp32", kept=0)
+    subjects = {
+        "int8": _subject("litert", 450.0, 12.0, int8),
+        "fp32": _subject("litert", 800.0, 12.0, fp32),
+        "peer": _subject("peer-onnx", 1000.0, 30.0),
+        "upstream": _subject("upstream-eager", 2000.0, 40.0),
+    }
+    for name, s in subjects.items():
+        (run / f"{name}.json").write_text(json.dumps(s))
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "manifest.json").write_text(json.dumps({"upstream-s9": {"sha256": "abc"}}))
+    return run
+
+
+def test_speed_table_reads_ratios_and_goals_off_one_run(bench_run, tmp_path):
+    out = tmp_path / "rec.json"
+    args = ["speed", "--bench", str(bench_run), "--set", str(tmp_path / "set"), "--out", str(out)]
+    assert _script("precision_robustness").main(args) == 0
+    rec = json.loads(out.read_text())
+    rows = {r["bundle"]: r for r in rec["rows"]}
+    int8 = rows["litert int8"]
+    assert (int8["encoder_vs_peer"], int8["encoder_vs_upstream"], int8["encoder_vs_fp32"]) == (
+        "0.45x",
+        "0.23x",
+        "0.56x",
+    )
+    assert (int8["kept"], int8["checkpoint"], int8["click_vs_peer"]) == ("3", "upstream-s9", "0.40x")
+    assert rows["peer (samexporter-style ONNX fp32)"]["encoder_vs_peer"] == "1.00x"
+    goals = rec["notes"][-1]
+    assert "0.45x the peer's (goal <= 0.5x: met)" in goals and "litert int8 upstream-s9 1.78x" in goals, goals
+    assert "1.20x its compute bound" in goals, goals
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("missing", "no bench records"),
+        ("no-peer", "no upstream eager or no peer subject"),
+        ("no-bundle", "timed no bundle"),
+        ("out-inside", "inside --bench"),
+    ],
+)
+def test_speed_refuses_unusable_input_in_one_line(bench_run, tmp_path, capsys, case, needle):
+    bench, out = bench_run, tmp_path / "rec.json"
+    if case == "missing":
+        bench = tmp_path / "nowhere"
+    elif case == "no-peer":
+        (bench / "peer.json").unlink()
+    elif case == "no-bundle":
+        for name in ("int8", "fp32"):
+            (bench / f"{name}.json").unlink()
+    else:
+        out = bench / "rec.json"
+    assert _script("precision_robustness").main(["speed", "--bench", str(bench), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [("out-exists", "never overwritten"), ("clicks", "--rank-clicks 0"), ("missing", "no such file")],
+)
+def test_rank_alone_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    checkpoint, out = tmp_path / "ckpt.pt", tmp_path / "out.json"
+    checkpoint.write_bytes(b"not read: the arguments are refused first")
+    argv = [str(checkpoint), "--out", str(out)]
+    if case == "out-exists":
+        out.write_text("a user's file")
+    elif case == "clicks":
+        argv += ["--rank-clicks", "0"]
+    else:
+        argv[0] = str(tmp_path / "nowhere.pt")
+    assert _script("int8_rank_alone").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert (out.read_text() == "a user's file") if case == "out-exists" else not out.exists()
+
+
+def test_rank_alone_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
+    checkpoint = tmp_path / "ckpt.pt"
+    checkpoint.write_bytes(b"not a checkpoint")
+    assert _script("int8_rank_alone").main([str(checkpoint), "--config", "test-small"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot read checkpoint" in err and "\n" not in err, err
