@@ -16,7 +16,8 @@ each. ``record`` reads the bundles' card.json (the export's own fidelity: 40 cli
 with upstream's operations, and ``extra.mixed_precision``: the parts kept fp32) into a ``sam2edge.table/1``
 record, one row per bundle with the exact command that wrote it. ``speed`` turns one ``bench_targets.py`` run
 (its ``--records`` folder: one JSON per subject) into a table record: each bundle's encoder and click against
-upstream eager, the peer and the same target's fp32 in that run, with the bundle's measured IoU and parts kept.
+upstream eager, the peer and the same target's fp32 in that run, with the bundle's measured IoU and parts kept
+(an existing ``--out`` is refused: remove an old record first to rebuild it).
 """
 
 from __future__ import annotations
@@ -207,6 +208,8 @@ def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dic
         return f"{bench}: the run has no upstream eager or no peer subject; run bench_targets.py with --peer"
     if not any(s.get("bundle") for s in subjects):
         return f"{bench}: the run timed no bundle; give bench_targets.py bundle folders"
+    if out.exists():
+        return f"{out} exists; name a new file for --out (it is never overwritten)"
     if out.resolve().parent == bench.resolve():
         return f"{out}: inside --bench, beside the run's records; write the record elsewhere"
     return None

@@ -99,6 +99,7 @@ def test_speed_table_reads_ratios_and_goals_off_one_run(bench_run, tmp_path):
         ("no-peer", "no upstream eager or no peer subject"),
         ("no-bundle", "timed no bundle"),
         ("out-inside", "inside --bench"),
+        ("out-exists", "never overwritten"),
     ],
 )
 def test_speed_refuses_unusable_input_in_one_line(bench_run, tmp_path, capsys, case, needle):
@@ -110,12 +111,14 @@ def test_speed_refuses_unusable_input_in_one_line(bench_run, tmp_path, capsys, c
     elif case == "no-bundle":
         for name in ("int8", "fp32"):
             (bench / f"{name}.json").unlink()
-    else:
+    elif case == "out-inside":
         out = bench / "rec.json"
+    else:
+        out.write_text("a user's file")
     assert _script("precision_robustness").main(["speed", "--bench", str(bench), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
-    assert not out.exists()
+    assert (out.read_text() == "a user's file") if case == "out-exists" else not out.exists()
 
 
 @pytest.mark.parametrize(
