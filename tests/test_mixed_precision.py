@@ -256,6 +256,30 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
     assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.weight"] == torch.float32, dtypes
 
 
+
+def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
+    """Hiera's q / k / v run as three products of row blocks cut from ``attn.qkv`` (``Rewrites.qkv="split"``,
+    ExecuTorch's form): keeping ``attn.qkv`` fp32 leaves all three fp32, though their module scope is the
+    attention, not the Linear."""
+    from sam2edge.export.executorch import REWRITES, _quantize_int8
+    from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs
+    from sam2edge.model import build_sam2
+    from sam2edge.weights import synthetic_state_dict
+
+    model = build_sam2(TEST_SMALL, REWRITES)
+    model.load_state_dict(synthetic_state_dict(TEST_SMALL))
+    graph, args = XnnEncoderGraph(model.eval()).eval(), encoder_inputs(TEST_SMALL)
+
+    def quantised_weights(keep: tuple[str, ...]) -> set[str]:  # names of the weights behind int8 products
+        q = _quantize_int8(graph, args, keep)
+        deq = [n for n in q.graph.nodes if n.op == "call_function" and "dequantize_per_channel" in str(n.target)]
+        return {str(n.args[0].target) for n in deq}
+
+    assert REWRITES.qkv == "split"
+    every, kept = quantised_weights(()), quantised_weights(("image_encoder.trunk.blocks.0.attn.qkv",))
+    assert len(every) - len(kept) == 3, (len(every), len(kept))
+    assert len(quantised_weights(("image_encoder.trunk.blocks.0.attn",))) == len(every) - 4  # q, k, v and proj
+
 @pytest.fixture(scope="module")
 def robustness_set(tmp_path_factory):
     import importlib.util

@@ -51,6 +51,7 @@ from sam2edge.export.executorch_lower import lower
 from sam2edge.export.mixed import fp16_keep, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
+from sam2edge.model.image_encoder import weight_owner
 from sam2edge.runtime.backends.executorch import (
     BATCHED_DECODER_FILE,
     DECODER_CPU_FILE,
@@ -64,10 +65,9 @@ from sam2edge.runtime.backends.executorch import (
 # the 2x2 transposed convolutions as one GEMM per pixel (exact): XNNPACK's deconvolution made the full-size
 # decoder 7 % slower (84.5 vs 78.5 ms p50 per click in an A/B of the decoder alone); the upscaling
 # channels-last and the mask head as one matmul (exact): fewer layout transposes in XNNPACK (with the positional
-# encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click,
-# `benchmarks/bench_executorch_forms.py --graph decoder`). LiteRT's CPU decoder
-# stays NCHW: its converter places the transposes itself, and channels-last ran slower there (35.7 vs 37.1 ms,
-# `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
+# encoding kept as rows, decoder_cpu.pte 45.8 -> 41.0 ms per full-size click, `benchmarks/bench_executorch_forms.py
+# --graph decoder`). LiteRT's CPU decoder stays NCHW: its converter places the transposes itself, and channels-last
+# ran slower there (35.7 vs 37.1 ms, `benchmarks/bench_cpu_decoder.py upscale_layout=nhwc`).
 # Hiera's pooling as elementwise maxima in place (exact): XNNPACK's max pool is NHWC, and the NCHW max_pool2d cost
 # layout transposes around every pool; the encoder 1997 -> 1890 ms p50 (`--graph encoder`, same notes).
 # Hiera's q / k / v as three products (exact): no slice copies of the fused output (fp32 1828 -> 1737 ms, int8
@@ -98,11 +98,9 @@ def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
 
 def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] = ()) -> torch.nn.Module:
     """Dynamic int8 (XNNPACK quantizer) of the linear products (``aten.linear``): per-channel int8 weights,
-    activations quantized per call. The convolutions (patch embedding, FPN laterals, conv_s0 / conv_s1) stay
-    fp32: a dynamically quantized convolution sends XNNPACK's ChannelsLastTaggedReshapePass down its
-    dynamic-quant path, which follows first arguments back through the graph and re-lays out the tensor it
-    ends at, so the program failed shape propagation at run time with the pooling maxima (see
-    docs/design/precision.md)."""
+    activations quantized per call; the layers of ``keep`` stay fp32. The convolutions stay fp32: a dynamically
+    quantized one sent XNNPACK's layout pass down a path that failed shape propagation with the pooling maxima
+    at run time (docs/design/precision.md)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         LINEAR_TARGETS,
         XNNPACKQuantizer,
@@ -112,9 +110,11 @@ def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] =
 
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
 
-    def kept(node: torch.fx.Node) -> bool:  # inside a layer of ``keep`` (module names under the graph's model)
-        stack = [fqn.removeprefix("model.") for fqn, _ in (node.meta.get("nn_module_stack") or {}).values()]
-        return any(f == k or f.startswith(k + ".") for f in stack for k in keep)
+    def kept(node: torch.fx.Node) -> bool:  # in a layer of ``keep``: its module scope, or its weight's owner
+        w = node.args[1] if len(node.args) > 1 else None  # (a split q / k / v product's scope is the attention)
+        names = [f.removeprefix("model.") for f, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        names += [weight_owner(str(w.target).removeprefix("model."))] if getattr(w, "op", "") == "get_attr" else []
+        return any(f == k or f.startswith(k + ".") for f in names for k in keep)
 
     def is_linear(node: torch.fx.Node) -> bool:  # nn.Linear layers and Hiera's split q / k / v products
         return node.target in LINEAR_TARGETS and not kept(node)

@@ -50,6 +50,14 @@ def window_unpartition(win: torch.Tensor, ws: int, hw: tuple[int, int], batch: i
 QKV_SPLIT = ("q_weight", "q_bias", "k_weight", "k_bias", "v_weight", "v_bias")
 
 
+def weight_owner(name: str) -> str:
+    """The layer a parameter or buffer belongs to, as the int8 and fp16 selections name layers:
+    ``...attn.q_weight`` (a row block of the "split" q / k / v form) -> ``...attn.qkv``, the fused Linear it is
+    cut from; any other ``...layer.weight`` -> ``...layer``."""
+    owner, _, leaf = name.rpartition(".")
+    return f"{owner}.qkv" if leaf in QKV_SPLIT else owner
+
+
 def max_pool_nhwc(x: torch.Tensor, stride: int, rw: Rewrites) -> torch.Tensor:
     """MaxPool2d(kernel=stride, stride=stride) on (B, H, W, C); ``rw.q_pool`` says how (both exact)."""
     B, H, W, C = x.shape
