@@ -256,7 +256,6 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
     assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.weight"] == torch.float32, dtypes
 
 
-
 def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
     """Hiera's q / k / v run as three products of row blocks cut from ``attn.qkv`` (``Rewrites.qkv="split"``,
     ExecuTorch's form): keeping ``attn.qkv`` fp32 leaves all three fp32, though their module scope is the
@@ -279,6 +278,7 @@ def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
     every, kept = quantised_weights(()), quantised_weights(("image_encoder.trunk.blocks.0.attn.qkv",))
     assert len(every) - len(kept) == 3, (len(every), len(kept))
     assert len(quantised_weights(("image_encoder.trunk.blocks.0.attn",))) == len(every) - 4  # q, k, v and proj
+
 
 @pytest.fixture(scope="module")
 def robustness_set(tmp_path_factory):

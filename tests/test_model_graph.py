@@ -38,7 +38,8 @@ ALL_REWRITES = (
     + [Rewrites(q_pool="maxima"), Rewrites(q_pool="maxima", layer_norm="native", attention_rank=3)]  # pooling
     + [Rewrites(qkv="split"), Rewrites(qkv="split", q_pool="maxima", layer_norm="native", attention_rank=3)]
     + [Rewrites(attention_impl="ort_mha"), Rewrites(attention_impl="ort_mha", token_fold="folded", layer_norm="native")]
-)  # Hiera's q/k/v projection; onnxruntime's fused attention
+    + [Rewrites(image_query_chunk=48), Rewrites(image_query_chunk=48, qkv="split", attention_rank=3)]
+)  # Hiera's q/k/v projection; onnxruntime's fused attention; Hiera's global attention in query slices
 
 
 @pytest.fixture(scope="module")

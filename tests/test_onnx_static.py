@@ -20,7 +20,9 @@ from sam2edge.runtime.backends import onnx as ob
 from sam2edge.weights import synthetic_state_dict
 
 SOURCE = {"checkpoint": "synthetic", "format": "synthetic", "sha256": None}
-LINEARS, ATTENTION_PRODUCTS = 27, 12  # test-small's Hiera: Linear layers, and q @ k^T / softmax @ v per block
+# test-small's Hiera: products with weights (27 Linear layers, each of its 6 blocks' qkv as three: ONNX_REWRITES.qkv),
+# and q @ k^T / softmax @ v per block
+LINEARS, ATTENTION_PRODUCTS = 27 + 2 * 6, 12
 
 
 def _export(out: Path, monkeypatch) -> dict:

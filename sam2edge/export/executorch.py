@@ -51,7 +51,6 @@ from sam2edge.export.executorch_lower import lower
 from sam2edge.export.mixed import fp16_keep, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
-from sam2edge.model.image_encoder import weight_owner
 from sam2edge.runtime.backends.executorch import (
     BATCHED_DECODER_FILE,
     DECODER_CPU_FILE,
@@ -110,11 +109,9 @@ def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] =
 
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
 
-    def kept(node: torch.fx.Node) -> bool:  # in a layer of ``keep``: its module scope, or its weight's owner
-        w = node.args[1] if len(node.args) > 1 else None  # (a split q / k / v product's scope is the attention)
-        names = [f.removeprefix("model.") for f, _ in (node.meta.get("nn_module_stack") or {}).values()]
-        names += [weight_owner(str(w.target).removeprefix("model."))] if getattr(w, "op", "") == "get_attr" else []
-        return any(f == k or f.startswith(k + ".") for f in names for k in keep)
+    def kept(node: torch.fx.Node) -> bool:  # inside a layer of ``keep`` (module names under the graph's model)
+        stack = [fqn.removeprefix("model.") for fqn, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        return any(f == k or f.startswith(k + ".") for f in stack for k in keep)
 
     def is_linear(node: torch.fx.Node) -> bool:  # nn.Linear layers and Hiera's split q / k / v products
         return node.target in LINEAR_TARGETS and not kept(node)

@@ -15,9 +15,8 @@ Graph optimisation: onnxruntime's offline BASIC level (constant folding, redunda
 output stays standard ONNX, so TensorRT / OpenVINO / onnxruntime-web can read it); the optimised graph
 is checked against the unoptimised one on the same inputs before it is kept.
 
-Everything else (out-folder guard, weights, fidelity against eager fp32 with the bars of
-``checks.fidelity.bars``, the atomic write) is ``sam2edge.export.pipeline``; the optimisation check is this
-target's check (fidelity.json ``checks.optimization``).
+Everything else (out-folder guard, weights, fidelity against eager fp32 at ``checks.fidelity.bars``, the atomic
+write) is ``sam2edge.export.pipeline``; the optimisation check is this target's (fidelity.json ``checks.optimization``).
 """
 
 from __future__ import annotations
@@ -45,9 +44,11 @@ from sam2edge.runtime.prompts import prompt_layout
 from sam2edge.runtime.video.bundle import BATCHED, VIDEO_GRAPHS, graph_io
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
-# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask
-# head as upstream's one MatMul (the GPU channel-sum form costs n passes over (B, C/8, 4e, 4e): ~10 % of a
-# batched 64-prompt call at 1024 px, benchmarks/bench_everything.py)
+# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask head as
+# upstream's one MatMul (the GPU channel-sum form costs n passes over (B, C/8, 4e, 4e): ~10 % of a batched 64-prompt
+# call at 1024 px, benchmarks/bench_everything.py). Hiera's q / k / v as three products (no Split copy) and its global
+# attention in 512-query slices (the scores stay in cache): Hiera-Tiny at 1024 px, dynamic int8 0.593x -> 0.547x the
+# peer's encoder, fp32 0.955x -> 0.936x (`benchmarks/bench_onnx_encoder_forms.py`)
 ONNX_REWRITES = Rewrites(
     attention_rank=4,
     attention_impl="math",
@@ -56,18 +57,18 @@ ONNX_REWRITES = Rewrites(
     mask_head="matmul",
     texture_limit=0,
     token_fold="folded",  # a click's decoder: 3.56 -> 2.22 GFLOP at 1024 px (no image-side projection)
+    qkv="split",
+    image_query_chunk=512,
 )
 CLICKS = 40
-# optimised vs unoptimised graph, per output: fp32 to ~1e-7 (fp16 and int8: the check compares the fp32 graphs
-# before fp16 storage / quantisation, so fp32's tolerance)
+# optimised vs unoptimised graph, per output, to ~1e-7 (fp16 / int8: the fp32 graphs before storage / quantisation)
 OPT_COSINE = {"fp32": 0.9999999, "fp16": 0.9999999, "int8": 0.9999999}
 LABEL_MEANING = "1 foreground, 0 background, 2 box top-left, 3 box bottom-right, -1 not-a-point pad, -2 ignored slot"
 
 
 GRAPHS = {
     "fp32": (EncoderGraph, PointDecoderGraph),
-    "fp16": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; the encoder's weights get fp16 storage after
-    # optimisation (``fp16_storage``); the decoder stays fp32 (FP32_KEPT)
+    "fp16": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; encoder weights fp16-stored after optimisation
     "int8": (EncoderGraph, PointDecoderGraph),  # fp32 graphs; the encoder is quantised after optimisation
 }
 
@@ -260,8 +261,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
     """Trace ``module`` (legacy TorchScript exporter: fast, exact), optimise it (onnxruntime BASIC), attach
     metadata and run the full checker; the raw and optimised graphs stay in ``.work`` for the check."""
     role = job.files[file]
-    work = job.folder / WORK
-    work.mkdir(exist_ok=True)
+    (work := job.folder / WORK).mkdir(exist_ok=True)
     names_in, names_out, dynamic = IO[role]
     if role.removesuffix(BATCHED) in VIDEO_GRAPHS:  # a video config's own inputs (runtime.video.bundle.graph_io)
         names_in = graph_io(role, job.vcfg)[1]

@@ -47,15 +47,37 @@ def window_unpartition(win: torch.Tensor, ws: int, hw: tuple[int, int], batch: i
     return x
 
 
-QKV_SPLIT = ("q_weight", "q_bias", "k_weight", "k_bias", "v_weight", "v_bias")
+class QKV(nn.Linear):
+    """Hiera's q / k / v projection: one (C_in -> 3C) Linear, the checkpoint's ``attn.qkv``. With ``split``
+    (``Rewrites.qkv="split"``) it returns q, k and v as three products by its weight's row blocks, cut once at
+    load (buffers, not saved), instead of one product sliced afterwards. The products run inside this layer,
+    so an exported graph names them by its scope and a layer kept fp32 by name (``attn.qkv``) keeps all three."""
 
+    PARTS = ("q_weight", "q_bias", "k_weight", "k_bias", "v_weight", "v_bias")
 
-def weight_owner(name: str) -> str:
-    """The layer a parameter or buffer belongs to, as the int8 and fp16 selections name layers:
-    ``...attn.q_weight`` (a row block of the "split" q / k / v form) -> ``...attn.qkv``, the fused Linear it is
-    cut from; any other ``...layer.weight`` -> ``...layer``."""
-    owner, _, leaf = name.rpartition(".")
-    return f"{owner}.qkv" if leaf in QKV_SPLIT else owner
+    def __init__(self, dim: int, dim_out: int, split: bool) -> None:
+        super().__init__(dim, 3 * dim_out)
+        self.split = split
+        for name in self.PARTS:
+            self.register_buffer(name, torch.empty(0), persistent=False)
+        self.cut()
+
+    @torch.no_grad()
+    def cut(self) -> None:
+        """Cut the weight (3C, C_in) and bias (3C,) into the q, k and v row blocks the split form multiplies by."""
+        if not self.split:
+            return
+        C = self.out_features // 3
+        for i, part in enumerate("qkv"):
+            setattr(self, f"{part}_weight", self.weight.detach()[i * C : (i + 1) * C].clone())  # (C, C_in)
+            setattr(self, f"{part}_bias", self.bias.detach()[i * C : (i + 1) * C].clone())  # (C,)
+
+    def forward(self, x: torch.Tensor):
+        """x (.., C_in) -> (.., 3C); split: a tuple of q, k, v (.., C) each."""
+        if not self.split:
+            return super().forward(x)
+        parts = ((self.q_weight, self.q_bias), (self.k_weight, self.k_bias), (self.v_weight, self.v_bias))
+        return tuple(F.linear(x, w, b) for w, b in parts)
 
 
 def max_pool_nhwc(x: torch.Tensor, stride: int, rw: Rewrites) -> torch.Tensor:
@@ -82,30 +104,15 @@ class MultiScaleAttention(nn.Module):
     def __init__(self, dim: int, dim_out: int, num_heads: int, q_stride: int, rw: Rewrites) -> None:
         super().__init__()
         self.dim_out, self.num_heads, self.q_stride, self.rw = dim_out, num_heads, q_stride, rw
-        self.qkv = nn.Linear(dim, dim_out * 3)
+        self.qkv = QKV(dim, dim_out, rw.qkv == "split")
         self.proj = nn.Linear(dim_out, dim_out)
-        for name in QKV_SPLIT:  # rw.qkv == "split": the weight's row blocks (not saved: derived from qkv.*)
-            self.register_buffer(name, torch.empty(0), persistent=False)
-        self.split_qkv()
-
-    @torch.no_grad()
-    def split_qkv(self) -> None:
-        """Cut ``qkv``'s weight and bias into the q, k and v row blocks the "split" form multiplies by."""
-        if self.rw.qkv != "split":
-            return
-        w, b = self.qkv.weight.detach(), self.qkv.bias.detach()  # (3C, C_in), (3C,)
-        C = self.dim_out
-        for i, part in enumerate("qkv"):
-            setattr(self, f"{part}_weight", w[i * C : (i + 1) * C].clone())  # (C, C_in)
-            setattr(self, f"{part}_bias", b[i * C : (i + 1) * C].clone())  # (C,)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, H, W, C_in) -> q, k, v, each (B, N, C)."""
         B, H, W, _ = x.shape
         C = self.dim_out
-        if self.rw.qkv == "split":
-            parts = ((self.q_weight, self.q_bias), (self.k_weight, self.k_bias), (self.v_weight, self.v_bias))
-            return tuple(F.linear(x, w, b).reshape(B, H * W, C) for w, b in parts)  # (B, N, C) each
+        if self.qkv.split:
+            return tuple(p.reshape(B, H * W, C) for p in self.qkv(x))  # (B, N, C) each
         qkv = self.qkv(x).reshape(B, H * W, 3 * C)  # (B, N, 3C), heads interleaved per q/k/v
         return qkv[..., :C], qkv[..., C : 2 * C], qkv[..., 2 * C :]  # (B, N, C) each
 
@@ -117,8 +124,10 @@ class MultiScaleAttention(nn.Module):
             q = max_pool_nhwc(q.reshape(B, H, W, C), self.q_stride, self.rw)  # (B, H/s, W/s, C)
             H, W = q.shape[1:3]
             q = q.reshape(B, H * W, C)  # (B, N/s^2, C)
-        x = attention(q, k, v, self.num_heads, self.rw)  # (B, N', C)
-        return self.proj(x.reshape(B, H, W, C))
+        chunk = self.rw.image_query_chunk
+        # a global block (one item of N' queries) in query slices; windows (many short items) whole
+        x = attention(q, k, v, self.num_heads, self.rw, query_chunk=chunk if B == 1 and q.shape[1] > chunk else 0)
+        return self.proj(x.reshape(B, H, W, C))  # (B, H, W, C_out)
 
 
 class MultiScaleBlock(nn.Module):
@@ -200,7 +209,7 @@ class Hiera(nn.Module):
         """Bake bicubic(pos_embed) + tile(pos_embed_window) at the trunk's grid size, and (``Rewrites.qkv``
         "split") each block's q / k / v weights."""
         for blk in self.blocks:
-            blk.attn.split_qkv()
+            blk.attn.qkv.cut()
         g = self.grid
         pe = F.interpolate(self.pos_embed.detach(), size=(g, g), mode="bicubic")  # (1, C, g, g)
         win = self.pos_embed_window.detach()
