@@ -1,5 +1,6 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
-records, and both it and ``int8_rank_alone.py`` refuse unusable input in one line with exit code 2, writing nothing.
+records, and it, ``int8_rank_alone.py`` and ``bench_onnx_forms.py`` refuse unusable input in one line with exit
+code 2, writing nothing.
 """
 
 from __future__ import annotations
@@ -147,3 +148,20 @@ def test_rank_alone_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
     assert _script("int8_rank_alone").main([str(checkpoint), "--config", "test-small"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot read checkpoint" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--graph", "decoder", "--forms", "fused-whole"], "unknown decoder form(s) ['fused-whole']"),
+        (["--runs", "0"], "--runs 0"),
+        (["--peer", "PEER"], "holds no peer encoder.onnx"),
+    ],
+)
+def test_onnx_forms_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, needle):
+    work = tmp_path / "work"
+    argv = [a.replace("PEER", str(tmp_path)) for a in argv]
+    assert _script("bench_onnx_forms").main(["--work", str(work), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert not work.exists()  # refused before anything is built

@@ -48,7 +48,7 @@ OPSET = 17  # LayerNormalization is a single standard op from 17 on
 # upstream's one MatMul (the GPU channel-sum form costs n passes over (B, C/8, 4e, 4e): ~10 % of a batched 64-prompt
 # call at 1024 px, benchmarks/bench_everything.py). Hiera's q / k / v as three products (no Split copy) and its global
 # attention in 512-query slices (the scores stay in cache): Hiera-Tiny at 1024 px, dynamic int8 0.593x -> 0.547x the
-# peer's encoder, fp32 0.955x -> 0.936x (`benchmarks/bench_onnx_encoder_forms.py`)
+# peer's encoder, fp32 0.955x -> 0.936x (`benchmarks/bench_onnx_forms.py`)
 ONNX_REWRITES = Rewrites(
     attention_rank=4,
     attention_impl="math",
