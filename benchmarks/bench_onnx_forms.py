@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sam2edge.checks.bench.peer import ENCODER_FILE as PEER_ENCODER
 from sam2edge.config import get_config
 from sam2edge.export import onnx as eo
 from sam2edge.export import onnx_int8 as i8
@@ -54,6 +55,15 @@ FORMS = {
     },
 }
 GRAPHS = {"encoder": EncoderGraph, "decoder": PointDecoderGraph}
+PRECISIONS = {"encoder": ("fp32", "int8"), "decoder": ("fp32",)}  # decoders ship fp32 at every precision
+
+
+def _click(cfg) -> tuple[np.ndarray, np.ndarray]:
+    """The one-point click every decoder (ours and the peer's) is timed on: coords (1, 2, 2), labels (1, 2)."""
+    s = cfg.image_size
+    return np.array([[[0.4 * s, 0.55 * s], [0.0, 0.0]]], np.float32), np.array([[1.0, -1.0]], np.float32)
+
+
 PEER = "peer fp32"
 
 
@@ -64,7 +74,7 @@ def build(work: Path, config: str, graph: str, forms: list[str]) -> list[str]:
     names = []
     for form in forms:
         rw = replace(eo.ONNX_REWRITES, **FORMS[graph][form])
-        for precision in ("fp32", "int8") if graph == "encoder" else ("fp32",):  # _model smooths int8's encoder
+        for precision in PRECISIONS[graph]:  # _model smooths the int8 encoder, as the export does
             model = eo._model(sd, cfg, precision, rw).eval()
             raw, opt = work / f"raw_{precision}_{form}.onnx", work / f"opt_{precision}_{form}.onnx"
             names_in, names_out, dynamic = eo.IO[graph]
@@ -97,16 +107,17 @@ def feeds(graph: str, config: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     x = preprocess(photo("astronaut.png"), cfg.image_size).numpy()
     if graph == "encoder":
         return {"image": x}, x
-    rng, e, c, s = np.random.default_rng(0), cfg.image_embedding_size, cfg.d_model, cfg.image_size
+    rng, e, c = np.random.default_rng(0), cfg.image_embedding_size, cfg.d_model
     shapes = {
         "image_embeddings": (1, c, e, e),
         "feat_s0": (1, c // 8, 4 * e, 4 * e),
         "feat_s1": (1, c // 4, 2 * e, 2 * e),
     }
     feed = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    coords, labels = _click(cfg)
     feed |= {
-        "point_coords": np.array([[[0.4 * s, 0.55 * s], [0.0, 0.0]]], np.float32),
-        "point_labels": np.array([[1.0, -1.0]], np.float32),
+        "point_coords": coords,
+        "point_labels": labels,
         "mask_input": np.zeros((1, 1, 4 * e, 4 * e), np.float32),
         "has_mask_input": np.zeros(1, np.float32),
     }
@@ -126,15 +137,14 @@ def agreement(work: Path, names: list[str], feed: dict) -> dict[str, float]:
 
 def _peer_call(peer: Path, graph: str, config: str, x: np.ndarray):
     """The peer's encode of ``x``, or its one-point click on its own features of ``x``."""
-    from sam2edge.checks.bench.peer import ENCODER_FILE, PeerRunner
+    from sam2edge.checks.bench.peer import PeerRunner
 
     if graph == "encoder":
-        sess = ob.make_session(peer / ENCODER_FILE, threads=2)
+        sess = ob.make_session(peer / PEER_ENCODER, threads=2)
         return lambda: sess.run(None, {"image": x})
     cfg = get_config(config)
-    runner, s = PeerRunner(peer, cfg, 2), cfg.image_size
-    feats = runner.encode(x)
-    coords, labels = np.array([[[0.4 * s, 0.55 * s], [0.0, 0.0]]], np.float32), np.array([[1.0, -1.0]], np.float32)
+    runner = PeerRunner(peer, cfg, 2)
+    feats, (coords, labels) = runner.encode(x), _click(cfg)
     return lambda: runner.decode(feats, coords, labels)
 
 
@@ -189,15 +199,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.peer is not None and not (args.peer / "encoder.onnx").is_file():
+    if args.peer is not None and not (args.peer / PEER_ENCODER).is_file():
         print(f"error: {args.peer} holds no peer encoder.onnx; make one with checks.bench.peer", file=sys.stderr)
         return 2
     if args.runs < 1:
         print(f"error: --runs {args.runs}: give 1 or more", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
-    precisions = ("fp32", "int8") if args.graph == "encoder" else ("fp32",)
-    names = [f"{p}_{f}.onnx" for f in forms for p in precisions]
+    names = [f"{p}_{f}.onnx" for f in forms for p in PRECISIONS[args.graph]]
     if not all((args.work / n).is_file() for n in names):
         names = build(args.work, args.config, args.graph, forms)
     feed, x = feeds(args.graph, args.config)

@@ -258,8 +258,7 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
 
 def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
     """Hiera's q / k / v run as three products of row blocks cut from ``attn.qkv`` (``Rewrites.qkv="split"``,
-    ExecuTorch's form): keeping ``attn.qkv`` fp32 leaves all three fp32, though their module scope is the
-    attention, not the Linear."""
+    ExecuTorch's form): keeping ``attn.qkv`` fp32 leaves all three fp32 (they run inside that layer's scope)."""
     from sam2edge.export.executorch import REWRITES, _quantize_int8
     from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs
     from sam2edge.model import build_sam2
@@ -278,6 +277,34 @@ def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
     every, kept = quantised_weights(()), quantised_weights(("image_encoder.trunk.blocks.0.attn.qkv",))
     assert len(every) - len(kept) == 3, (len(every), len(kept))
     assert len(quantised_weights(("image_encoder.trunk.blocks.0.attn",))) == len(every) - 4  # q, k, v and proj
+
+
+def test_onnx_keeps_a_split_qkv_layer_out_of_int8(tmp_path):
+    """ONNX's encoder runs q / k / v split too (``ONNX_REWRITES.qkv``): a kept ``attn.qkv`` names its three
+    MatMuls, and the quantised file leaves exactly those fp32."""
+    import onnx
+
+    from sam2edge.export import onnx as eo
+    from sam2edge.export.onnx_int8 import nodes_of, quantize_int8
+    from sam2edge.export.wrappers import EncoderGraph
+    from sam2edge.weights import synthetic_state_dict
+
+    model = eo._model(synthetic_state_dict(TEST_SMALL), TEST_SMALL, "fp32", eo.ONNX_REWRITES).eval()
+    raw, opt = tmp_path / "raw.onnx", tmp_path / "opt.onnx"
+    names_in, names_out, _ = eo.IO["encoder"]
+    with torch.no_grad():
+        torch.onnx.export(EncoderGraph(model), eo.example_inputs(TEST_SMALL)[0], str(raw), dynamo=False,
+                          opset_version=eo.OPSET, input_names=list(names_in), output_names=list(names_out))  # fmt: skip
+    eo.optimize(raw, opt)
+    layer = "image_encoder.trunk.blocks.0.attn.qkv"
+    kept = nodes_of(opt, (layer,))
+    assert eo.ONNX_REWRITES.qkv == "split" and len(kept) == 3 and all("/attn/qkv/" in n for n in kept), kept
+    count = {}
+    for keep in ((), (layer,)):
+        dst = tmp_path / f"int8_{len(keep)}.onnx"
+        quantize_int8(opt, dst, keep=keep)
+        count[keep] = [n.op_type for n in onnx.load(str(dst)).graph.node].count("MatMulInteger")
+    assert count[()] - count[(layer,)] == 3, count
 
 
 @pytest.fixture(scope="module")
