@@ -30,7 +30,10 @@ def test_sigterm_mid_write_leaves_nothing(tmp_path, kind):
     """A process killed (SIGTERM) while writing leaves neither the destination nor a hidden temp beside it."""
     (tmp_path / "keep.txt").write_text("x")
     script = textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        # a fresh process's SIGTERM: the test runner's worker may pass on an ignored or blocked one
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})
         from sam2edge.io import {kind}
         with {kind}(sys.argv[1]) as tmp:
             if "{kind}" == "atomic_dir":
@@ -46,7 +49,7 @@ def test_sigterm_mid_write_leaves_nothing(tmp_path, kind):
     )
     assert proc.stdout.readline().strip() == b"ready"
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
 
