@@ -1,7 +1,7 @@
 """ONNX graph forms: the shipped graph next to exact re-expressions of it, interleaved on 2 threads.
 
     .venv/bin/python benchmarks/bench_onnx_forms.py --work DIR [--graph encoder|decoder] [--config sam2.1-hiera-tiny]
-        [--runs 5] [--forms NAME,...] [--peer PEER_DIR] [--profile]
+        [--runs 5] [--forms NAME,...] [--peer PEER_DIR] [--profile] [--gap 0.25]
 
 Each form is ``export.onnx.ONNX_REWRITES`` with the fields in ``FORMS[graph]`` replaced; its graph is traced and
 optimised as the export does (``EncoderGraph`` / ``PointDecoderGraph``, onnxruntime BASIC optimisation) from the
@@ -9,10 +9,10 @@ synthetic checkpoint. Encoders also get their int8 file, quantised as the int8 e
 ``onnx_int8.quantize_int8`` with s8 weights, nothing kept fp32); decoders ship fp32 at every precision. Every
 file's outputs are compared with the first form's fp32 file's (an encode of a real photo; a one-point click on
 random features), largest difference relative to the output's scale, then all are timed in interleaved rounds
-(one call each), with the peer's encoder or decoder (``--peer``, a ``checks.bench.peer`` export; its click on its
-own features of the photo) as the yardstick. ``--profile`` adds each file's onnxruntime profile, summed per
-operator type. A ``--work`` folder that holds the files is timed as it is. Nothing else should run meanwhile
-(``/work/bin/quiet``-style exclusive use of the CPU).
+(one call each, after ``--gap`` seconds idle), with the peer's encoder or decoder (``--peer``, a
+``checks.bench.peer`` export; its click on its own features of the photo) as the yardstick. ``--profile`` adds
+each file's onnxruntime profile, summed per operator type. A ``--work`` folder that holds the files is timed as it
+is. Nothing else should run on the CPU meanwhile.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ FORMS = {
         "maxima": {"q_pool": "maxima"},
     },
     "decoder": {
-        "shipped": {},
-        "matmul-nhwc": {"transposed_conv": "matmul", "upscale_layout": "nhwc"},  # upscaling as GEMMs, channels-last
-        "matmul": {"transposed_conv": "matmul"},
+        "native": {"transposed_conv": "native", "upscale_layout": "nchw"},  # onnxruntime's ConvTranspose, NCHW
+        "shipped": {},  # ONNX_REWRITES: the upscaling as GEMMs, channels-last
+        "matmul-nchw": {"upscale_layout": "nchw"},
+        "projected": {"token_fold": "projected"},  # the cross-attentions project the image (upstream's products)
     },
 }
 GRAPHS = {"encoder": EncoderGraph, "decoder": PointDecoderGraph}
@@ -65,6 +66,9 @@ def _click(cfg) -> tuple[np.ndarray, np.ndarray]:
 
 
 PEER = "peer fp32"
+# idle seconds before each timed call: onnxruntime's workers spin for 20-100 ms after a call, and a spinning
+# worker of the previous file's session doubled a 16 ms click on 2 cores (measured: 41 ms back to back)
+GAP_S = 0.25
 
 
 def build(work: Path, config: str, graph: str, forms: list[str]) -> list[str]:
@@ -124,6 +128,34 @@ def feeds(graph: str, config: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return feed, x
 
 
+def gflop(config: str, graph: str, form: str) -> tuple[float, dict[str, float]]:
+    """A call's matrix-product and convolution GFLOP in ``form`` (torch's FlopCounterMode on the fp32 model,
+    2 FLOPs a multiply-add) and, for decoders, their split over the mask decoder's parts."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = get_config(config)
+    model = eo._model(synthetic_state_dict(cfg), cfg, "fp32", replace(eo.ONNX_REWRITES, **FORMS[graph][form])).eval()
+    args = eo.example_inputs(cfg)[0 if graph == "encoder" else 1]
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        GRAPHS[graph](model)(*args)
+    parts = {}
+    if graph == "decoder":
+        counts = {k: sum(v.values()) / 1e9 for k, v in counter.get_flop_counts().items()}
+        md = f"{GRAPHS[graph].__name__}.model.sam_mask_decoder"
+        parts = {f"two-way layer {i}": counts[f"{md}.transformer.layers.{i}"] for i in range(cfg.decoder_depth)}
+        parts["final attention"] = counts[f"{md}.transformer.final_attn_token_to_image"]
+        parts["upscaling and heads"] = counts[md] - counts[f"{md}.transformer"]
+        parts["prompt encoder"] = counts["Global"] - counts[md]
+    return counter.get_total_flops() / 1e9, parts
+
+
+def peer_gflop(config: str, graph: str) -> float:
+    """The peer's encode or click: upstream's operations (``checks.bench.bench.model_flops``), GFLOP."""
+    from sam2edge.checks.bench.bench import model_flops
+
+    return model_flops(get_config(config))[f"{graph}_gflop"]
+
+
 def agreement(work: Path, names: list[str], feed: dict) -> dict[str, float]:
     """name -> largest |difference| of any output from the first file's, relative to that output's largest
     |value|."""
@@ -148,8 +180,12 @@ def _peer_call(peer: Path, graph: str, config: str, x: np.ndarray):
     return lambda: runner.decode(feats, coords, labels)
 
 
-def timings(work: Path, names: list[str], runs: int, feed: dict, peer=None) -> dict[str, list[float]]:
-    """Interleaved rounds, one call per file (and ``peer``, a zero-argument call) each; ms per call."""
+def timings(
+    work: Path, names: list[str], runs: int, feed: dict, peer=None, gap: float = GAP_S
+) -> dict[str, list[float]]:
+    """Interleaved rounds, one call per file (and ``peer``, a zero-argument call) each, each after ``gap``
+    seconds idle (the previous session's threads spin-wait for tens of ms after a call and would take half of
+    two cores from the next one); ms per call."""
     sessions = {n: ob.make_session(work / n, threads=2) for n in names}
     calls = {n: (lambda s=s: s.run(None, feed)) for n, s in sessions.items()} | ({PEER: peer} if peer else {})
     for f in calls.values():  # warm-up
@@ -157,6 +193,7 @@ def timings(work: Path, names: list[str], runs: int, feed: dict, peer=None) -> d
     out: dict[str, list[float]] = {n: [] for n in calls}
     for _ in range(runs):
         for n, f in calls.items():
+            time.sleep(gap)
             t = time.perf_counter()
             f()
             out[n].append(1000 * (time.perf_counter() - t))
@@ -190,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", help="comma-separated names of FORMS[graph] (default: all)")
     ap.add_argument("--peer", type=Path)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--gap", type=float, default=GAP_S, help="idle seconds before each timed call (0: back to back)")
     args = ap.parse_args(argv)
     forms = args.forms.split(",") if args.forms else list(FORMS[args.graph])
     unknown = [f for f in forms if f not in FORMS[args.graph]]
@@ -205,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         print(f"error: --runs {args.runs}: give 1 or more", file=sys.stderr)
         return 2
+    if not 0 <= args.gap <= 10:
+        print(f"error: --gap {args.gap}: give idle seconds between 0 and 10", file=sys.stderr)
+        return 2
     args.work.mkdir(parents=True, exist_ok=True)
     names = [f"{p}_{f}.onnx" for f in forms for p in PRECISIONS[args.graph]]
     if not all((args.work / n).is_file() for n in names):
@@ -212,14 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     feed, x = feeds(args.graph, args.config)
     rel = agreement(args.work, names, feed)
     peer = _peer_call(args.peer, args.graph, args.config, x) if args.peer else None
-    ms = timings(args.work, names, args.runs, feed, peer)
+    ms = timings(args.work, names, args.runs, feed, peer, args.gap)
     base = statistics.median(ms[PEER]) if peer else None
-    print(f"| {args.graph} file | median ms | {'/ peer | ' if base else ''}max rel. diff vs the first fp32 |")
-    print(f"|---|---|{'---|' if base else ''}---|")
+    flops = {f: gflop(args.config, args.graph, f) for f in forms}
+    gf = {n: flops[n.split("_", 1)[1].removesuffix(".onnx")][0] for n in names}
+    if peer:
+        gf[PEER] = peer_gflop(args.config, args.graph)
+    print(f"| {args.graph} file | GFLOP | median ms | {'/ peer | ' if base else ''}max rel. diff vs the first fp32 |")
+    print(f"|---|---|---|{'---|' if base else ''}---|")
     for n, t in ms.items():
         med = statistics.median(t)
         ratio = f" {med / base:.3f}x |" if base else ""
-        print(f"| {n} | {med:.1f} |{ratio} {rel[n]:.2e} |" if n in rel else f"| {n} | {med:.1f} |{ratio} - |")
+        diff = f"{rel[n]:.2e}" if n in rel else "-"
+        print(f"| {n} | {gf[n]:.2f} | {med:.1f} |{ratio} {diff} |")
+    for f, (_, parts) in flops.items():
+        if parts:
+            print(f"{f}: GFLOP by part:", ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     if args.profile:
         for n in names:
             top = profile(args.work / n, feed)

@@ -156,6 +156,7 @@ def test_rank_alone_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
         (["--graph", "decoder", "--forms", "fused-whole"], "unknown decoder form(s) ['fused-whole']"),
         (["--runs", "0"], "--runs 0"),
         (["--peer", "PEER"], "holds no peer encoder.onnx"),
+        (["--gap", "-1"], "--gap -1.0"),
     ],
 )
 def test_onnx_forms_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, needle):

@@ -44,21 +44,21 @@ from sam2edge.runtime.prompts import prompt_layout
 from sam2edge.runtime.video.bundle import BATCHED, VIDEO_GRAPHS, graph_io
 
 OPSET = 17  # LayerNormalization is a single standard op from 17 on
-# onnxruntime has fast kernels for LayerNormalization and ConvTranspose: export them natively; the mask head as
-# upstream's one MatMul (the GPU channel-sum form costs n passes over (B, C/8, 4e, 4e): ~10 % of a batched 64-prompt
-# call at 1024 px, benchmarks/bench_everything.py). Hiera's q / k / v as three products (no Split copy) and its global
-# attention in 512-query slices (the scores stay in cache): Hiera-Tiny at 1024 px, dynamic int8 0.593x -> 0.547x the
-# peer's encoder, fp32 0.955x -> 0.936x (`benchmarks/bench_onnx_forms.py`)
+# LayerNormalization native; the mask head as upstream's one MatMul (the GPU channel-sum form: ~10 % slower batched,
+# benchmarks/bench_everything.py); the decoder's upscaling as GEMMs, channels-last (a click 0.78x -> 0.69x the peer's);
+# Hiera's q / k / v as three products, its global attention in 512-query slices (int8 encoder 0.593x -> 0.547x the
+# peer's, fp32 0.955x -> 0.936x). Hiera-Tiny, 1024 px, 2 threads: `benchmarks/bench_onnx_forms.py [--graph decoder]`
 ONNX_REWRITES = Rewrites(
     attention_rank=4,
     attention_impl="math",
-    transposed_conv="native",
+    transposed_conv="matmul",
     layer_norm="native",
     mask_head="matmul",
     texture_limit=0,
     token_fold="folded",  # a click's decoder: 3.56 -> 2.22 GFLOP at 1024 px (no image-side projection)
     qkv="split",
     image_query_chunk=512,
+    upscale_layout="nhwc",
 )
 CLICKS = 40
 # optimised vs unoptimised graph, per output, to ~1e-7 (fp16 / int8: the fp32 graphs before storage / quantisation)

@@ -8,9 +8,12 @@ the machine (other jobs, heat) hit all subjects alike.
 
 One round of a subject = encode one real photo (1x3xSxS, astronaut) + decode ``clicks``
 prompts on it (point, point+negative, box, box+point, ...). ``first_click_ms`` of a round =
-its encode + its first decode. Memory: ``peak_rss_mb`` is the process's high-water mark
-(VmHWM, reset before each subject's load where the kernel allows) after load + warm-up;
-``rss_delta_mb`` is how much that subject added to the process.
+its encode + its first decode. In timed rounds every call follows ``IDLE_S`` idle: a runtime's threads
+spin-wait for tens of ms after a call (onnxruntime 20-100 ms), and spinning beside the next call took half of
+two cores from it (an ONNX click 16 -> 41 ms), so a subject is timed as if it ran alone.
+
+Memory: ``peak_rss_mb`` is the process's high-water mark (VmHWM, reset before each subject's load where the
+kernel allows) after load + warm-up; ``rss_delta_mb`` is how much that subject added to the process.
 
 Compute bound: model FLOPs (``torch.utils.flop_counter``, the eager model at the subject's
 resolution) / fp32 GEMM throughput measured here (2048^3 ``torch.mm``, same thread count).
@@ -178,13 +181,20 @@ def open_peer_subject(
     return s
 
 
-def _round(s: Subject) -> tuple[float, list[float]]:
+# seconds idle before each timed call: longer than any runtime's spin-wait after a call (measured 20-100 ms)
+IDLE_S = 0.25
+
+
+def _round(s: Subject, idle: float = 0.0) -> tuple[float, list[float]]:
+    """One encode and its clicks (ms each), each call after ``idle`` seconds idle."""
     x, prompts = s.inputs
+    time.sleep(idle)
     t0 = time.perf_counter()
     feats = s.runner.encode(x)
     enc = (time.perf_counter() - t0) * 1e3
     decs = []
     for coords, labels in prompts:
+        time.sleep(idle)
         t0 = time.perf_counter()
         s.runner.decode(feats, coords, labels, None)
         decs.append((time.perf_counter() - t0) * 1e3)
@@ -232,7 +242,7 @@ def time_rounds(subjects: list[Subject], runs: int) -> None:
         for r in range(runs):
             k = r % len(subjects)
             for s in subjects[k:] + subjects[:k]:
-                enc, decs = _round(s)
+                enc, decs = _round(s, IDLE_S)
                 s.encoder_ms.append(enc)
                 s.decoder_ms.extend(decs)
                 s.first_click_ms.append(enc + decs[0])
