@@ -277,11 +277,14 @@ def speed(args) -> int:
         "rows": rows,
         "notes": [
             f"One quiet process: every subject loaded and warmed up once, then {first['runs']} interleaved rounds "
-            f"of one encode and {first['clicks_per_run']} one-point clicks; compare only within this run. Upstream "
+            f"of one encode and {first['clicks_per_run']} one-point clicks"
+            + (f", each call after {first['idle_s']} s idle" if first.get("idle_s") else "")
+            + "; compare only within this run. Upstream "
             f"eager and the peer (samexporter-style ONNX fp32) run the first bundle's weights ({weights}).",
             "kept fp32: encoder layers the export's measured selection kept fp32; mask IoU: the bundle's own "
             "export-time check, 40 clicks on 5 photos vs eager fp32 with upstream's operations.",
             _goals(int8, peer, fp32, first["compute_bound"]),
+            *args.note,
         ],
         "chart": {"label": "bundle", "value": "encoder_ms", "title": "Encoder p50 (ms): lower is better"},
     }
@@ -311,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--id", default="int8-robustness-speed-1024")
     s.add_argument("--title", default="Reduced-precision bundles of ordinary checkpoints against the peer and upstream")
     s.add_argument("--out", required=True)
+    s.add_argument("--note", action="append", default=[], help="a note under the table (repeatable)")
     args = p.parse_args(argv)
     return {"export": export, "record": record, "weights": weights, "speed": speed}[args.cmd](args)
 

@@ -370,6 +370,7 @@ def to_record(s: Subject, threads, runs, warmup, clicks, session, now, env, boun
         "runs": runs,
         "warmup": warmup,
         "clicks_per_run": clicks,
+        "idle_s": IDLE_S,  # idle before each timed call
         "loadavg_1m_start": env["loadavg_1m_start"],
         "loadavg_1m_end": env["loadavg_1m_end"],
         "load_s": s.load_s,
