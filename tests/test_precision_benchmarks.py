@@ -1,6 +1,6 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
-records, and it, ``int8_rank_alone.py`` and ``bench_onnx_forms.py`` refuse unusable input in one line with exit
-code 2, writing nothing.
+records, and it, ``int8_rank_alone.py``, ``bench_onnx_forms.py`` and ``bench_eager_beside.py`` refuse unusable input
+in one line with exit code 2, writing nothing.
 """
 
 from __future__ import annotations
@@ -166,3 +166,16 @@ def test_onnx_forms_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, n
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
     assert not work.exists()  # refused before anything is built
+
+
+@pytest.mark.parametrize(
+    "argv, needle", [(["NOBUNDLE"], "not a bundle (no card.json)"), (["BUNDLE", "--runs", "0"], "--runs 0")]
+)
+def test_eager_beside_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, needle):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "card.json").write_text("{}")
+    argv = [a.replace("NOBUNDLE", str(tmp_path / "nothing")).replace("BUNDLE", str(bundle)) for a in argv]
+    assert _script("bench_eager_beside").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err

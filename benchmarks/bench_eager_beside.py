@@ -1,0 +1,81 @@
+"""Upstream eager alone in its process, then beside loaded bundles: the baseline's own cost of sharing a process.
+
+    .venv/bin/python benchmarks/bench_eager_beside.py BUNDLE [BUNDLE ...] [--checkpoint CKPT] [--runs 4]
+
+Upstream eager (``checks.bench``'s upstream subject: Hiera-Tiny at 1024 px, one click a round) is warmed up and
+timed for ``--runs`` rounds alone, then the bundles are loaded and warmed up, and ``--runs`` more rounds time each
+bundle and then upstream, every call after ``checks.bench.bench.IDLE_S`` idle, as ``sam2edge bench`` does. Per
+upstream encode: wall ms, the process's user and system CPU seconds and minor page faults (``getrusage``). Nothing
+else should run on the CPU meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+from pathlib import Path
+
+from sam2edge.checks.bench import bench as B
+from sam2edge.config import HIERA_TINY
+
+
+def _timed(subject) -> dict[str, float]:
+    """One upstream round (encode + clicks); the encode's wall ms and the round's CPU seconds and faults."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    enc, _ = B._round(subject, B.IDLE_S)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "encoder_ms": enc,
+        "user_s": r1.ru_utime - r0.ru_utime,
+        "sys_s": r1.ru_stime - r0.ru_stime,
+        "minor_faults": r1.ru_minflt - r0.ru_minflt,
+    }
+
+
+def _row(label: str, rounds: list[dict]) -> str:
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    return (
+        f"| {label} | {med['encoder_ms']:.0f} ({min(r['encoder_ms'] for r in rounds):.0f}-"
+        f"{max(r['encoder_ms'] for r in rounds):.0f}) | {med['user_s']:.2f} | {med['sys_s']:.2f} | "
+        f"{med['minor_faults']:.0f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundles", nargs="+", type=Path)
+    ap.add_argument("--checkpoint", help="upstream's weights (default: synthetic)")
+    ap.add_argument("--runs", type=int, default=4)
+    args = ap.parse_args(argv)
+    missing = [str(b) for b in args.bundles if not (b / "card.json").is_file()]
+    if missing:
+        print(
+            f"error: not a bundle (no card.json): {', '.join(missing)}; give `sam2edge export` folders", file=sys.stderr
+        )
+        return 2
+    if args.runs < 1:
+        print(f"error: --runs {args.runs}: give 1 or more", file=sys.stderr)
+        return 2
+    upstream = B.open_upstream_subject(HIERA_TINY, args.checkpoint)
+    B.warm_up(upstream, 1, 1)
+    alone = [_timed(upstream) for _ in range(args.runs)]
+    bundles = [B.open_bundle_subject(b, 2) for b in args.bundles]
+    for b in bundles:
+        B.warm_up(b, 1, 1)
+    beside = []
+    for _ in range(args.runs):
+        for b in bundles:
+            B._round(b, B.IDLE_S)
+        beside.append(_timed(upstream))
+    print("| upstream eager | encoder ms p50 (min-max) | user s | system s | minor faults |")
+    print("|---|---|---|---|---|")
+    print(_row("alone in its process", alone))
+    print(_row(f"beside {len(bundles)} bundle(s), interleaved", beside))
+    print(_row("beside: the slowest round", [max(beside, key=lambda r: r["encoder_ms"])]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
