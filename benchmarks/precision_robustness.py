@@ -88,8 +88,13 @@ def _portable(command: str) -> str:
 
 
 def record(args) -> int:
+    """The bundles' cards -> the robustness table (one row a bundle); ``--out`` must be a new file."""
     from sam2edge.cards.report import SCHEMA
+    from sam2edge.checks.bench.records import machine
 
+    if Path(args.out).exists():
+        print(f"error: {args.out} exists; name a new file for --out (it is never overwritten)", file=sys.stderr)
+        return 2
     rows = []
     for folder in sorted(p for b in args.bundles for p in Path(b).iterdir()):
         card_path = folder / "card.json"
@@ -106,7 +111,7 @@ def record(args) -> int:
         "date": date.today().isoformat(),
         "command": "python benchmarks/precision_robustness.py export --set DIR --bundles DIR && python "
         "benchmarks/precision_robustness.py record --bundles DIR --out FILE",
-        "machine": {"cpu": "AMD EPYC", "cores": 2},
+        "machine": {k: machine()[k] for k in ("cpu", "cores", "vector_extensions")},  # where `record` runs
         "columns": COLUMNS,
         "rows": rows,
         "notes": [

@@ -1,6 +1,6 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
-records, and it, ``int8_rank_alone.py``, ``bench_onnx_forms.py`` and ``bench_eager_beside.py`` refuse unusable input
-in one line with exit code 2, writing nothing.
+records (and ``record`` its table from bundle cards), and they, ``int8_rank_alone.py``, ``bench_onnx_forms.py`` and
+``bench_eager_beside.py`` refuse unusable input in one line with exit code 2, writing nothing.
 """
 
 from __future__ import annotations
@@ -179,3 +179,18 @@ def test_eager_beside_refuses_unusable_input_in_one_line(tmp_path, capsys, argv,
     assert _script("bench_eager_beside").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
+
+
+def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
+    """``record``: one row per bundle of the folders, the machine it ran on; an existing --out is refused."""
+    bundles = tmp_path / "bundles"
+    _bundle(bundles / "upstream-s9--litert--int8", "litert", "int8", kept=2)
+    out = tmp_path / "rec.json"
+    assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert len(rec["rows"]) == 1 and rec["machine"]["cores"] >= 1 and "vector_extensions" in rec["machine"]
+    out.write_text("a user's file")
+    assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "never overwritten" in err and err.startswith("error: "), err
+    assert out.read_text() == "a user's file"
