@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sam2edge.checks.bench import bench as B
 from sam2edge.config import HIERA_TINY
+from sam2edge.errors import UserError
 
 
 def _timed(subject) -> dict[str, float]:
@@ -58,10 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         print(f"error: --runs {args.runs}: give 1 or more", file=sys.stderr)
         return 2
-    upstream = B.open_upstream_subject(HIERA_TINY, args.checkpoint)
-    B.warm_up(upstream, 1, 1)
-    alone = [_timed(upstream) for _ in range(args.runs)]
-    bundles = [B.open_bundle_subject(b, 2) for b in args.bundles]
+    try:  # an unreadable checkpoint or bundle: its one-line reason
+        upstream = B.open_upstream_subject(HIERA_TINY, args.checkpoint)
+        B.warm_up(upstream, 1, 1)
+        alone = [_timed(upstream) for _ in range(args.runs)]  # before any bundle is in the process
+        bundles = [B.open_bundle_subject(b, 2) for b in args.bundles]
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for b in bundles:
         B.warm_up(b, 1, 1)
     beside = []

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sam2edge.checks.bench.bench import IDLE_S
 from sam2edge.checks.bench.peer import ENCODER_FILE as PEER_ENCODER
 from sam2edge.config import get_config
 from sam2edge.export import onnx as eo
@@ -66,9 +67,7 @@ def _click(cfg) -> tuple[np.ndarray, np.ndarray]:
 
 
 PEER = "peer fp32"
-# idle seconds before each timed call: onnxruntime's workers spin for 20-100 ms after a call, and a spinning
-# worker of the previous file's session doubled a 16 ms click on 2 cores (measured: 41 ms back to back)
-GAP_S = 0.25
+GAP_S = IDLE_S  # idle seconds before each timed call, as `sam2edge bench` waits (onnxruntime's workers spin after one)
 
 
 def build(work: Path, config: str, graph: str, forms: list[str]) -> list[str]:
@@ -128,13 +127,13 @@ def feeds(graph: str, config: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return feed, x
 
 
-def gflop(config: str, graph: str, form: str) -> tuple[float, dict[str, float]]:
-    """A call's matrix-product and convolution GFLOP in ``form`` (torch's FlopCounterMode on the fp32 model,
-    2 FLOPs a multiply-add) and, for decoders, their split over the mask decoder's parts."""
+def gflop(config: str, graph: str, form: str, sd: dict) -> tuple[float, dict[str, float]]:
+    """A call's matrix-product and convolution GFLOP in ``form`` (torch's FlopCounterMode on the fp32 model of
+    weights ``sd``, 2 FLOPs a multiply-add) and, for decoders, their split over the mask decoder's parts."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = get_config(config)
-    model = eo._model(synthetic_state_dict(cfg), cfg, "fp32", replace(eo.ONNX_REWRITES, **FORMS[graph][form])).eval()
+    model = eo._model(sd, cfg, "fp32", replace(eo.ONNX_REWRITES, **FORMS[graph][form])).eval()
     args = eo.example_inputs(cfg)[0 if graph == "encoder" else 1]
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         GRAPHS[graph](model)(*args)
@@ -255,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     peer = _peer_call(args.peer, args.graph, args.config, x) if args.peer else None
     ms = timings(args.work, names, args.runs, feed, peer, args.gap)
     base = statistics.median(ms[PEER]) if peer else None
-    flops = {f: gflop(args.config, args.graph, f) for f in forms}
+    sd = synthetic_state_dict(get_config(args.config))
+    flops = {f: gflop(args.config, args.graph, f, sd) for f in forms}
     gf = {n: flops[n.split("_", 1)[1].removesuffix(".onnx")][0] for n in names}
     if peer:
         gf[PEER] = peer_gflop(args.config, args.graph)

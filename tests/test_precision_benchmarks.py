@@ -169,7 +169,12 @@ def test_onnx_forms_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, n
 
 
 @pytest.mark.parametrize(
-    "argv, needle", [(["NOBUNDLE"], "not a bundle (no card.json)"), (["BUNDLE", "--runs", "0"], "--runs 0")]
+    "argv, needle",
+    [
+        (["NOBUNDLE"], "not a bundle (no card.json)"),
+        (["BUNDLE", "--runs", "0"], "--runs 0"),
+        (["BUNDLE", "--checkpoint", "NOBUNDLE.pt"], "does not exist"),
+    ],
 )
 def test_eager_beside_refuses_unusable_input_in_one_line(tmp_path, capsys, argv, needle):
     bundle = tmp_path / "bundle"
