@@ -3,19 +3,23 @@
     .venv/bin/python benchmarks/bench_eager_beside.py BUNDLE [BUNDLE ...] [--checkpoint CKPT] [--runs 4]
 
 Upstream eager (``checks.bench``'s upstream subject: Hiera-Tiny at 1024 px, one click a round) is warmed up and
-timed for ``--runs`` rounds alone, then the bundles are loaded and warmed up, and ``--runs`` more rounds time each
-bundle and then upstream, every call after ``checks.bench.bench.IDLE_S`` idle, as ``sam2edge bench`` does. Per
-upstream encode: wall ms, the process's user and system CPU seconds and minor page faults (``getrusage``). Nothing
-else should run on the CPU meanwhile.
+timed for ``--runs`` rounds alone in this process, then the bundles are loaded and warmed up, and ``--runs`` more
+rounds time each bundle and then upstream, every call after ``checks.bench.bench.IDLE_S`` idle, as ``sam2edge
+bench`` does; then the same rounds with upstream in a process of its own (``checks.bench.isolated``, as ``sam2edge
+bench`` times it). Per upstream encode: wall ms, and in this process its user and system CPU seconds and minor
+page faults (``getrusage``). Nothing else should run on the CPU meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import statistics
 import sys
 from pathlib import Path
+
+import torch
 
 from sam2edge.checks.bench import bench as B
 from sam2edge.config import HIERA_TINY
@@ -23,7 +27,11 @@ from sam2edge.errors import UserError
 
 
 def _timed(subject) -> dict[str, float]:
-    """One upstream round (encode + clicks); the encode's wall ms and the round's CPU seconds and faults."""
+    """One upstream round (encode + clicks); the encode's wall ms and the round's CPU seconds and faults (NaN
+    for a subject in its own process: getrusage sees this process only)."""
+    if subject.process == "own":
+        enc, _ = B._round(subject, B.IDLE_S)
+        return {"encoder_ms": enc, "user_s": math.nan, "sys_s": math.nan, "minor_faults": math.nan}
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     enc, _ = B._round(subject, B.IDLE_S)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -37,11 +45,11 @@ def _timed(subject) -> dict[str, float]:
 
 def _row(label: str, rounds: list[dict]) -> str:
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    return (
-        f"| {label} | {med['encoder_ms']:.0f} ({min(r['encoder_ms'] for r in rounds):.0f}-"
-        f"{max(r['encoder_ms'] for r in rounds):.0f}) | {med['user_s']:.2f} | {med['sys_s']:.2f} | "
-        f"{med['minor_faults']:.0f} |"
+    cpu = " | ".join(
+        "-" if math.isnan(med[k]) else f"{med[k]:.{d}f}" for k, d in (("user_s", 2), ("sys_s", 2), ("minor_faults", 0))
     )
+    enc = [r["encoder_ms"] for r in rounds]
+    return f"| {label} | {med['encoder_ms']:.0f} ({min(enc):.0f}-{max(enc):.0f}) | {cpu} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --runs {args.runs}: give 1 or more", file=sys.stderr)
         return 2
     try:  # an unreadable checkpoint or bundle: its one-line reason
-        upstream = B.open_upstream_subject(HIERA_TINY, args.checkpoint)
+        upstream = B.open_upstream_subject(HIERA_TINY, args.checkpoint, own_process=False)
         B.warm_up(upstream, 1, 1)
         alone = [_timed(upstream) for _ in range(args.runs)]  # before any bundle is in the process
         bundles = [B.open_bundle_subject(b, 2) for b in args.bundles]
@@ -69,16 +77,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for b in bundles:
         B.warm_up(b, 1, 1)
-    beside = []
+    beside, own = [], []
     for _ in range(args.runs):
         for b in bundles:
             B._round(b, B.IDLE_S)
         beside.append(_timed(upstream))
+    isolated = B.open_upstream_subject(HIERA_TINY, args.checkpoint, threads=torch.get_num_threads())
+    try:
+        B.warm_up(isolated, 1, 1)
+        for _ in range(args.runs):
+            for b in bundles:
+                B._round(b, B.IDLE_S)
+            own.append(_timed(isolated))
+    finally:
+        isolated.runner.close()
     print("| upstream eager | encoder ms p50 (min-max) | user s | system s | minor faults |")
     print("|---|---|---|---|---|")
     print(_row("alone in its process", alone))
     print(_row(f"beside {len(bundles)} bundle(s), interleaved", beside))
     print(_row("beside: the slowest round", [max(beside, key=lambda r: r["encoder_ms"])]))
+    print(_row(f"its own process, beside {len(bundles)} bundle(s) in this one", own))
     return 0
 
 

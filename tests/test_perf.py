@@ -397,6 +397,8 @@ def test_bench_compare_times_the_peer(onnx_bundle: Path, tmp_path: Path, capsys)
     assert r["bundle"] is None and r["peer"]["opset"] == 18 and r["runtime_version"].startswith("onnxruntime ")
     assert {"encoder_vs_upstream", "decoder_vs_upstream"} <= set(r["ratios"]) and r["encoder_ms"]["n"] == 1
     assert r["peer"]["files"] == json.loads((peer / "peer.json").read_text())["files"]
+    u = records["upstream-eager"]  # timed in a process of its own, its memory that process's
+    assert u["process"] == "own" and records["onnx"]["process"] == "bench" and u["peak_rss_mb"] > 0
     o = records["onnx"]
     assert {"encoder_vs_peer", "decoder_vs_peer", "first_click_vs_peer"} <= set(o["ratios"])
     assert o["ratios"]["encoder_vs_peer"] == pytest.approx(o["encoder_ms"]["median"] / r["encoder_ms"]["median"])
@@ -451,3 +453,33 @@ def test_compute_bound_counts_the_attention() -> None:
     with torch.no_grad(), FlopCounterMode(display=False) as f:
         model.encode_image(torch.zeros(1, 3, TEST_SMALL.image_size, TEST_SMALL.image_size))
     assert model_flops(TEST_SMALL)["encoder_gflop"] == pytest.approx(f.get_total_flops() / 1e9, rel=1e-6)
+
+
+def test_isolated_upstream_gives_upstream_masks_in_its_own_process() -> None:
+    """Upstream eager in a child process decodes what upstream eager here decodes (same weights and prompt: the
+    child's last mask is sent back on request of the test's probe) and times every call there."""
+    import os
+
+    from sam2edge.checks.bench.isolated import IsolatedUpstream
+    from sam2edge.checks.fidelity.upstream import UpstreamRunner, upstream_from_state_dict
+    from sam2edge.config import get_config
+    from sam2edge.weights.load import synthetic_state_dict
+
+    cfg = get_config("test-small")
+    sd = synthetic_state_dict(cfg, seed=3)
+    x = np.random.default_rng(0).standard_normal((1, 3, cfg.image_size, cfg.image_size)).astype(np.float32)
+    coords, labels = np.array([[[40.0, 60.0], [0.0, 0.0]]], np.float32), np.array([[1, -1]], np.int32)
+    runner = IsolatedUpstream(sd, cfg, threads=1)
+    try:
+        runner.encode(x)
+        enc_ms = runner.last_ms
+        runner.decode(None, coords, labels)
+        pid, masks = runner.probe()
+        stats = runner.stats()
+    finally:
+        runner.close()
+    here = UpstreamRunner(upstream_from_state_dict(sd, cfg), cfg)
+    want = here.decode(here.encode(x), coords, labels)[0]
+    assert pid != os.getpid() and enc_ms > 0 and runner.last_ms > 0 and stats["load_s"] > 0
+    np.testing.assert_allclose(masks, np.asarray(want), atol=1e-4)
+    assert not runner._proc.is_alive()

@@ -142,10 +142,11 @@ def test_rank_alone_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
     assert (out.read_text() == "a user's file") if case == "out-exists" else not out.exists()
 
 
-def test_rank_alone_refuses_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile"])
+def test_checkpoint_scripts_refuse_a_file_that_is_not_a_checkpoint(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not a checkpoint")
-    assert _script("int8_rank_alone").main([str(checkpoint), "--config", "test-small"]) == 2
+    assert _script(script).main([str(checkpoint), "--config", "test-small"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot read checkpoint" in err and "\n" not in err, err
 
@@ -199,3 +200,13 @@ def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "never overwritten" in err and err.startswith("error: "), err
     assert out.read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("case, needle", [("clicks", "--clicks 0"), ("missing", "no such file")])
+def test_fragile_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    checkpoint = tmp_path / "ckpt.pt"
+    checkpoint.write_bytes(b"not read: the arguments are refused first")
+    argv = [str(checkpoint), "--clicks", "0"] if case == "clicks" else [str(tmp_path / "nowhere.pt")]
+    assert _script("int8_fragile").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err

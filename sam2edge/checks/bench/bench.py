@@ -1,10 +1,10 @@
 """Benchmarks: load time, encoder and per-click decoder latency, peak RSS, compute bound.
 
-A *subject* is one thing timed: an export bundle (its runtime from ``BACKENDS``) or upstream
-eager (Meta's ``sam2`` modules with the same weights). ``run_bench`` loads every subject
-(timed, one after another, each followed by its warm-up rounds), then runs the timed rounds
-interleaved: round r times every subject once, in an order rotated by r, so slow drifts of
-the machine (other jobs, heat) hit all subjects alike.
+A *subject* is one thing timed: an export bundle (its runtime from ``BACKENDS``) or upstream eager (Meta's
+``sam2`` modules with the same weights, in a process of its own: ``checks.bench.isolated``). ``run_bench`` loads
+every subject (timed, one after another, each followed by its warm-up rounds), then runs the timed rounds
+interleaved: round r times every subject once, in an order rotated by r, so slow drifts of the machine (other
+jobs, heat) hit all subjects alike.
 
 One round of a subject = encode one real photo (1x3xSxS, astronaut) + decode ``clicks``
 prompts on it (point, point+negative, box, box+point, ...). ``first_click_ms`` of a round =
@@ -13,7 +13,7 @@ spin-wait for tens of ms after a call (onnxruntime 20-100 ms), and spinning besi
 two cores from it (an ONNX click 16 -> 41 ms), so a subject is timed as if it ran alone.
 
 Memory: ``peak_rss_mb`` is the process's high-water mark (VmHWM, reset before each subject's load where the
-kernel allows) after load + warm-up; ``rss_delta_mb`` is how much that subject added to the process.
+kernel allows) after load + warm-up; ``rss_delta_mb`` is how much that subject added to it (upstream: its own).
 
 Compute bound: model FLOPs (``torch.utils.flop_counter``, the eager model at the subject's
 resolution) / fp32 GEMM throughput measured here (2048^3 ``torch.mm``, same thread count).
@@ -34,6 +34,7 @@ import torch
 
 import sam2edge
 from sam2edge.bundle import load_card
+from sam2edge.checks.bench.bound import compute_bound, gemm_gflops, model_flops  # noqa: F401
 from sam2edge.checks.bench.peer import check_peer_folder
 from sam2edge.checks.bench.records import (  # noqa: F401
     PEER,
@@ -96,6 +97,7 @@ class Subject:
     first_click_ms: list[float] = field(default_factory=list)
     inputs: tuple = ()
     peer: dict | None = None  # the peer subject's export (path, exporter, files' SHA-256)
+    process: str = "bench"  # "bench": runs in the bench's process; "own": in a child (``checks.bench.isolated``)
 
 
 def _prompts(cfg: Sam2Config, clicks: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
@@ -150,14 +152,22 @@ def _reference(cfg: Sam2Config, checkpoint: str | None, card: dict | None) -> tu
     return reference_weights(card, cfg, checkpoint) if card is not None else load_weights(checkpoint, cfg)
 
 
-def open_upstream_subject(cfg: Sam2Config, checkpoint: str | None, card: dict | None = None) -> Subject:
-    """Upstream eager with the weights of ``checkpoint`` (or of ``card``'s recorded source); load timed
-    from the in-memory state dict (module build + load_state_dict)."""
+def open_upstream_subject(
+    cfg: Sam2Config, checkpoint: str | None, card: dict | None = None, threads: int = 1, own_process: bool = True
+) -> Subject:
+    """Upstream eager with the weights of ``checkpoint`` (or of ``card``'s recorded source); load timed from the
+    weights in memory (module build + load_state_dict). ``own_process``: in a child process
+    (``checks.bench.isolated``: loaded bundles slowed it in theirs), else here (a profiler's hooks reach it)."""
+    from sam2edge.checks.bench.isolated import IsolatedUpstream
     from sam2edge.checks.fidelity.upstream import UpstreamRunner, upstream_from_state_dict
 
     sd, _ = _reference(cfg, checkpoint, card)
+    label = f"{UPSTREAM} fp32 {cfg.image_size}"
+    if own_process:
+        runner = IsolatedUpstream(sd, cfg, threads)
+        return Subject(label, UPSTREAM, runner, cfg, None, "fp32", True, load_s=runner.load_s, process="own")
     runner, load_s, before = _timed_load(lambda: UpstreamRunner(upstream_from_state_dict(sd, cfg), cfg))
-    s = Subject(f"{UPSTREAM} fp32 {cfg.image_size}", UPSTREAM, runner, cfg, None, "fp32", True, load_s=load_s)
+    s = Subject(label, UPSTREAM, runner, cfg, None, "fp32", True, load_s=load_s)
     s.rss_delta_mb = before
     return s
 
@@ -191,20 +201,31 @@ def _round(s: Subject, idle: float = 0.0) -> tuple[float, list[float]]:
     time.sleep(idle)
     t0 = time.perf_counter()
     feats = s.runner.encode(x)
-    enc = (time.perf_counter() - t0) * 1e3
+    enc = _elapsed(s.runner, t0)
     decs = []
     for coords, labels in prompts:
         time.sleep(idle)
         t0 = time.perf_counter()
         s.runner.decode(feats, coords, labels, None)
-        decs.append((time.perf_counter() - t0) * 1e3)
+        decs.append(_elapsed(s.runner, t0))
     return enc, decs
+
+
+def _elapsed(runner, t0: float) -> float:
+    """ms of the call that began at ``t0``: as the runner measured it where it runs in another process
+    (``last_ms``, the pipe's transfer left out), else the wall time here."""
+    own = getattr(runner, "last_ms", None)
+    return own if own is not None else (time.perf_counter() - t0) * 1e3
 
 
 def warm_up(s: Subject, warmup: int, clicks: int) -> None:
     s.inputs = _prompts(s.cfg, clicks)
     for _ in range(warmup):
         _round(s)
+    if s.process == "own":  # its memory is its process's
+        own = s.runner.stats()
+        s.peak_rss_mb, s.rss_delta_mb = own["peak_rss_mb"], own["rss_delta_mb"]
+        return
     cur, peak = rss_mb()
     s.peak_rss_mb = peak
     s.rss_delta_mb = max(peak, cur) - s.rss_delta_mb
@@ -218,7 +239,7 @@ def _open_subjects(bundles, upstream, peer, threads, warmup, clicks, cfg, checkp
     opens = [(f"load {b}", partial(open_bundle_subject, b, threads)) for b in bundles]
     if upstream:
         what = f"load upstream eager ({cfg.image_size}px)"
-        opens.append((what, partial(open_upstream_subject, cfg, checkpoint, card)))
+        opens.append((what, partial(open_upstream_subject, cfg, checkpoint, card, threads)))
     if peer is not None:
         what = f"load the peer's export {peer} (exported there first if it does not exist)"
         opens.append((what, partial(open_peer_subject, peer, cfg, checkpoint, card, threads)))
@@ -247,54 +268,6 @@ def time_rounds(subjects: list[Subject], runs: int) -> None:
                 s.decoder_ms.extend(decs)
                 s.first_click_ms.append(enc + decs[0])
                 bar.step(note=s.label)
-
-
-def model_flops(cfg: Sam2Config) -> dict[str, float]:
-    """FLOPs of one encode and of one single-click decode (prompt encoder + mask decoder), upstream's operations.
-
-    Counted on the meta device: on the CPU, torch's FlopCounter does not count the fused attention kernel
-    (Hiera-Tiny's encoder read 207 instead of 292 GFLOP, the attention matmuls left out)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from sam2edge.model import UPSTREAM as UPSTREAM_OPS
-    from sam2edge.model import build_sam2
-
-    model = build_sam2(cfg, UPSTREAM_OPS).to("meta")
-    x = torch.zeros(1, 3, cfg.image_size, cfg.image_size, device="meta")
-    point = torch.tensor([[[100.0, 100.0], [0.0, 0.0]]], device="meta"), torch.tensor([[1.0, -1.0]], device="meta")
-    with torch.no_grad():
-        with FlopCounterMode(display=False) as enc:
-            feats = model.encode_image(x)
-        with FlopCounterMode(display=False) as dec:
-            pe = model.sam_prompt_encoder
-            model.decode(*feats, pe.embed_points(*point), pe.no_mask_dense)
-    return {"encoder_gflop": enc.get_total_flops() / 1e9, "decoder_gflop": dec.get_total_flops() / 1e9}
-
-
-def gemm_gflops(threads: int, n: int = 2048, runs: int = 5) -> float:
-    """Median fp32 GEMM throughput (torch.mm n x n x n) at ``threads`` threads, GFLOP/s."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            times.append(time.perf_counter() - t0)
-        return 2 * n**3 / statistics.median(times) / 1e9
-    finally:
-        torch.set_num_threads(old)
-
-
-def compute_bound(cfg: Sam2Config, gflops: float) -> dict[str, float]:
-    f = model_flops(cfg)
-    return f | {
-        "gemm_gflops": gflops,
-        "encoder_bound_ms": f["encoder_gflop"] / gflops * 1e3,
-        "decoder_bound_ms": f["decoder_gflop"] / gflops * 1e3,
-    }
 
 
 def run_bench(bundles: list[str | Path], *, threads: int | list[int], **kw) -> dict:
@@ -329,7 +302,11 @@ def bench_once(
     torch.set_num_threads(threads)
     load_before = loadavg()
     subjects = _open_subjects(bundles, upstream, peer, threads, warmup, clicks, upstream_cfg, upstream_checkpoint)
-    time_rounds(subjects, runs)
+    try:
+        time_rounds(subjects, runs)
+    finally:
+        for s in (s for s in subjects if s.process == "own"):
+            s.runner.close()
     bounds = {}
     if bound:
         stage("compute bound: model FLOPs and GEMM throughput")
@@ -371,6 +348,7 @@ def to_record(s: Subject, threads, runs, warmup, clicks, session, now, env, boun
         "warmup": warmup,
         "clicks_per_run": clicks,
         "idle_s": IDLE_S,  # idle before each timed call
+        "process": s.process,  # "own": timed in a process of its own (upstream eager)
         "loadavg_1m_start": env["loadavg_1m_start"],
         "loadavg_1m_end": env["loadavg_1m_end"],
         "load_s": s.load_s,

@@ -75,7 +75,7 @@ def profile_eager(card: dict, inputs: tuple, runs: int) -> dict:
     """Upstream eager with the bundle's weights: -> {encoder, decoder} profiles."""
     from sam2edge.checks.bench.bench import open_upstream_subject
 
-    runner = open_upstream_subject(bundle_config(card), None, card).runner
+    runner = open_upstream_subject(bundle_config(card), None, card, own_process=False).runner
     x, prompts = inputs
     feats = runner.encode(x)
 

@@ -1,0 +1,99 @@
+"""Why an int8 export is refused: the emulated all-int8 encoder per activation granularity, and how fragile the
+reference masks of its lowest clicks are.
+
+    .venv/bin/python benchmarks/int8_fragile.py CHECKPOINT... [--config sam2.1-hiera-tiny] [--clicks 40]
+
+For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
+channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
+click set, four ways: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
+kernels: ExecuTorch, LiteRT), each with the encoder plain and smoothed (``export.smooth``, as ONNX int8
+exports it). Every row names its lowest clicks with what makes a reference mask fragile
+(``checks.fidelity.metrics.end_to_end``): its area in pixels (a 3-pixel mask reads IoU 0.33 for one pixel
+flipped) and the share of its low-res logits within 0.1 of the threshold (a near-flat logit map flips under
+any rounding). Full size, 2 cores: about 30 s a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# (label, target whose emulation is used, smoothed)
+ROWS = (
+    ("per tensor, plain", "onnx", False),
+    ("per tensor, smoothed", "onnx", True),
+    ("per token, plain", "executorch", False),
+    ("per token, smoothed", "executorch", True),
+)
+
+
+def _problem(args) -> str | None:
+    """What makes the arguments unusable, in one line (None: nothing)."""
+    if args.clicks < 1:
+        return f"--clicks {args.clicks}: give 1 or more"
+    missing = [c for c in args.checkpoints if not Path(c).is_file()]
+    if missing:
+        return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
+    return None
+
+
+def measure(sd: dict, cfg, target: str, smoothed: bool, reference, prompts) -> dict:
+    """End-to-end summary (worst, median, lowest clicks with their fragility) of the all-int8 emulation."""
+    from sam2edge.checks.fidelity.metrics import end_to_end
+    from sam2edge.export import smooth
+    from sam2edge.export.int8_sensitivity import Int8Emulation
+    from sam2edge.export.precision import EMULATIONS, GraphBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    if smoothed:
+        sd = smooth.smoothed(sd, cfg, EMULATIONS[target].rewrites)[0]
+    emu = Int8Emulation(sd, cfg, target, reference)
+    test = Sam2Predictor(GraphBackend(emu.quant, cfg, decoder_model=emu.fp32))
+    return end_to_end(Sam2Predictor(reference), test, prompts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--config", default="sam2.1-hiera-tiny")
+    p.add_argument("--clicks", type=int, default=40)
+    args = p.parse_args(argv)
+    problem = _problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.checks.fidelity.measure import CachedReference
+    from sam2edge.config import get_config
+    from sam2edge.errors import UserError
+    from sam2edge.model import UPSTREAM
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.weights import load_weights
+
+    torch.set_num_threads(2)
+    cfg, prompts = get_config(args.config), click_set(args.clicks)
+    print("| checkpoint | activations | worst | median | lowest clicks (IoU, reference mask px, logits near 0) |")
+    print("|---|---|---|---|---|")
+    for path in args.checkpoints:
+        try:
+            sd, _ = load_weights(path, cfg)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
+        for label, target, smoothed in ROWS:
+            e = measure(sd, cfg, target, smoothed, reference, prompts)
+            low = "; ".join(
+                f"{c['photo']} {c['kind']} {c['iou']:.3f}, {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%}"
+                for c in e["lowest_clicks"][:3]
+            )
+            name = Path(path).stem
+            print(f"| {name} | {label} | {e['iou_worst']:.4f} | {e['iou_median']:.4f} | {low} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
