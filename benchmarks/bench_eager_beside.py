@@ -52,6 +52,16 @@ def _row(label: str, rounds: list[dict]) -> str:
     return f"| {label} | {med['encoder_ms']:.0f} ({min(enc):.0f}-{max(enc):.0f}) | {cpu} |"
 
 
+def _beside(bundles, upstream, runs: int) -> list[dict]:
+    """``runs`` rounds of every bundle, each followed by one timed upstream round."""
+    out = []
+    for _ in range(runs):
+        for b in bundles:
+            B._round(b, B.IDLE_S)
+        out.append(_timed(upstream))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundles", nargs="+", type=Path)
@@ -77,18 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for b in bundles:
         B.warm_up(b, 1, 1)
-    beside, own = [], []
-    for _ in range(args.runs):
-        for b in bundles:
-            B._round(b, B.IDLE_S)
-        beside.append(_timed(upstream))
+    beside = _beside(bundles, upstream, args.runs)
     isolated = B.open_upstream_subject(HIERA_TINY, args.checkpoint, threads=torch.get_num_threads())
     try:
         B.warm_up(isolated, 1, 1)
-        for _ in range(args.runs):
-            for b in bundles:
-                B._round(b, B.IDLE_S)
-            own.append(_timed(isolated))
+        own = _beside(bundles, isolated, args.runs)
     finally:
         isolated.runner.close()
     print("| upstream eager | encoder ms p50 (min-max) | user s | system s | minor faults |")
