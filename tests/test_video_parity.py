@@ -18,7 +18,7 @@ from sam2edge.weights.video import map_video_tensors
 from tests.video_oracles import drifting_clip, upstream_video_predictor
 
 IOU_MIN, COS_MIN = 0.999, 0.9999
-STAGE_COS_MIN = 0.99999  # per call of the memory attention / memory encoder (fp32 vs fp32)
+STAGE_COS_MIN = 0.99999  # per call, fp32 vs fp32: memory attention in the loop, memory encoder on upstream's inputs
 
 
 def _ours_from(upstream, cfg, vcfg, fill_hole_area: int = 0) -> Sam2VideoPredictor:
@@ -99,6 +99,25 @@ def _capture(module: torch.nn.Module, seq_first: bool) -> list[torch.Tensor]:
     return seen
 
 
+def _replay(upstream_module: torch.nn.Module, ours_module: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every call of upstream's memory encoder, replayed through ours on the very same inputs: (ours, upstream's)
+    memory features per object. The stage is measured on identical (pix_feat, mask) rather than on the inputs each
+    tracking loop reached, so a mask pixel that sits on the binarisation threshold in one loop and not in the other
+    (a different sum order is enough) does not read as a difference of the encoder."""
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(_m, args, kwargs, out):
+        pix_feat, masks = (list(args) + [kwargs.get("pix_feat"), kwargs.get("masks")])[:2]
+        assert kwargs.get("skip_mask_sigmoid", False), "upstream gives its memory encoder the memory-form mask"
+        with torch.inference_mode():
+            mine = ours_module.forward(pix_feat.clone(), masks.clone())  # (B, M, e, e); .forward: no hooks
+        for a, b in zip(mine, out["vision_features"]):
+            pairs.append((a.detach().flatten().clone(), b.detach().flatten().clone()))
+
+    upstream_module.register_forward_hook(hook, with_kwargs=True)
+    return pairs
+
+
 def _stage_cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     assert len(a) == len(b) and a, (len(a), len(b))
     return min(torch.nn.functional.cosine_similarity(x, y, dim=0).item() for x, y in zip(a, b))
@@ -110,10 +129,9 @@ def _run(tmp_path, cfg, vcfg, n, size, official_yaml, session=_session):
     upstream = upstream_video_predictor(cfg, vcfg, seed=0, official_yaml=official_yaml)
     ours = _ours_from(upstream, cfg, vcfg)
     model = ours.backend.model
-    stages = [
-        (_capture(model.memory_attention, False), _capture(upstream.memory_attention, True)),
-        (_capture(model.memory_encoder, False), _capture(upstream.memory_encoder, False)),
-    ]
+    attention = (_capture(model.memory_attention, False), _capture(upstream.memory_attention, True))
+    encoder_calls = _replay(upstream.memory_encoder, model.memory_encoder)
+    ours_encoder = _capture(model.memory_encoder, False)
     mine = session(ours, tmp_path / "clip", w, h, n)
     rows = _compare(mine, session(upstream, tmp_path / "clip", w, h, n))
     bad = [r for r in rows if r[3] < IOU_MIN or r[4] < COS_MIN]
@@ -123,7 +141,8 @@ def _run(tmp_path, cfg, vcfg, n, size, official_yaml, session=_session):
     fg = [(m[i, 0] > 0).float().mean().item() for step, _, ids, m in mine if step != "mask" for i in range(len(ids))]
     assert 0.02 < float(np.median(fg)) < 0.98, f"median foreground {np.median(fg)}"
     # the memory path itself, call by call: memory-conditioned features and every new memory
-    worst = [_stage_cosines(a, b) for a, b in stages]
+    assert len(ours_encoder) == len(encoder_calls), "both loops encode as many memories"
+    worst = [_stage_cosines(*attention), _stage_cosines(*zip(*encoder_calls))]
     assert min(worst) >= STAGE_COS_MIN, f"memory attention / encoder worst cosines {worst}"
     return min(r[3] for r in rows), min(r[4] for r in rows), worst
 
