@@ -483,3 +483,24 @@ def test_isolated_upstream_gives_upstream_masks_in_its_own_process() -> None:
     assert pid != os.getpid() and enc_ms > 0 and runner.last_ms > 0 and stats["load_s"] > 0
     np.testing.assert_allclose(masks, np.asarray(want), atol=1e-4)
     assert not runner._proc.is_alive()
+
+
+def test_isolated_upstream_that_dies_is_one_line() -> None:
+    """A child killed mid-run (as the kernel's out-of-memory killer does) is a one-line UserError naming the call,
+    the signal and the fix, not the pipe's EOFError."""
+    import os
+    import signal
+
+    from sam2edge.checks.bench.isolated import IsolatedUpstream, UpstreamProcessDied
+    from sam2edge.config import get_config
+    from sam2edge.weights.load import synthetic_state_dict
+
+    cfg = get_config("test-small")
+    runner = IsolatedUpstream(synthetic_state_dict(cfg, seed=3), cfg, threads=1)
+    os.kill(runner._proc.pid, signal.SIGKILL)
+    runner._proc.join(10)
+    with pytest.raises(UpstreamProcessDied) as e:
+        runner.encode(np.zeros((1, 3, cfg.image_size, cfg.image_size), np.float32))
+    msg = str(e.value)
+    assert "\n" not in msg and "during encode" in msg and "signal 9" in msg and "run again" in msg, msg
+    runner.close()

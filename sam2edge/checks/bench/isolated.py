@@ -25,8 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from sam2edge.config import Sam2Config
+from sam2edge.errors import UserError
 
 START_TIMEOUT_S = 600.0  # the child imports torch and sam2 and builds the model: minutes for the largest size
+
+
+class UpstreamProcessDied(UserError):
+    """The child ended before answering (killed for memory, or a crash in torch): one line, not EOFError."""
 
 
 def _serve(conn, weights: str, cfg: Sam2Config, threads: int) -> None:
@@ -83,13 +88,30 @@ class IsolatedUpstream:
             child.close()
             if not self._conn.poll(START_TIMEOUT_S):
                 self.close()
-                raise RuntimeError(f"upstream eager's process did not start within {START_TIMEOUT_S:.0f} s")
-            _, self.load_s = self._conn.recv()
+                raise UpstreamProcessDied(
+                    f"upstream eager's process did not start within {START_TIMEOUT_S:.0f} s; "
+                    "free memory and cores (or bench a smaller --config) and run again"
+                )
+            _, self.load_s = self._ask("start")
         self.last_ms: float | None = None
 
+    def _ask(self, what: str, *msg):
+        """Send ``msg`` (if any) and return the child's answer; a child that is gone is one UserError line."""
+        try:
+            if msg:
+                self._conn.send(msg)
+            return self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._proc.join(10)
+            code = self._proc.exitcode
+            raise UpstreamProcessDied(
+                f"upstream eager's process ended during {what} (exit code {code}"
+                f"{', killed by signal ' + str(-code) if code is not None and code < 0 else ''}); "
+                "it may have run out of memory: close other programs or bench a smaller --config, and run again"
+            ) from None
+
     def _call(self, *msg) -> float:
-        self._conn.send(msg)
-        self.last_ms = self._conn.recv()
+        self.last_ms = self._ask(msg[0], *msg)
         return self.last_ms
 
     def encode(self, image: np.ndarray) -> None:
@@ -102,13 +124,11 @@ class IsolatedUpstream:
 
     def stats(self) -> dict:
         """The child's load seconds, peak RSS and RSS growth since before it loaded the model (MB)."""
-        self._conn.send(("stats",))
-        return self._conn.recv()
+        return self._ask("stats", "stats")
 
     def probe(self) -> tuple[int, np.ndarray | None]:
         """(the child's pid, the first output of its last decode as numpy): what ran where, for tests."""
-        self._conn.send(("probe",))
-        return self._conn.recv()
+        return self._ask("probe", "probe")
 
     def close(self) -> None:
         if self._proc.is_alive():
