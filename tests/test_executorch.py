@@ -230,6 +230,30 @@ def test_reductions_become_gemms_inside_the_delegate(dtype):
         assert g.shape == w.shape and (g.float() - w).abs().max() <= tol * w.abs().max(), (g.shape, dtype)
 
 
+def test_lowering_with_shared_provenance_is_byte_identical():
+    """``lower`` shares torch.fx's provenance records instead of deep-copying them per pass: the program is byte for
+    byte the one a plain lowering gives, and NodeSource is left as it was."""
+    import copy
+
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from torch.fx.traceback import NodeSource
+
+    from sam2edge.export.executorch_lower import _lower, lower
+    from sam2edge.export.provenance import shared_provenance
+
+    gen = torch.Generator().manual_seed(1)
+    module = _Reductions().eval()
+    args = (torch.randn(1, 96, 64, generator=gen), torch.randn(1, 32, 8, 12, generator=gen) * 3)
+    plain, plain_counts = _lower(module, args, [XnnpackPartitioner()], True)
+    shared, shared_counts = lower(module, args, [XnnpackPartitioner()])
+    assert shared.buffer == plain.buffer and shared_counts == plain_counts
+    assert "__deepcopy__" not in NodeSource.__dict__  # restored
+    record = NodeSource(None, "p")
+    with shared_provenance():
+        assert copy.deepcopy([record])[0] is record
+    assert copy.deepcopy([record])[0] is not record
+
+
 class _Counted:
     """A program's ``execute``, counted."""
 

@@ -37,6 +37,8 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from executorch.exir.pass_manager import ExportedProgramPassManager
 from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
+from sam2edge.export.provenance import shared_provenance
+
 aten = torch.ops.aten
 _STRUCTURAL = ("getitem", "alloc", "executorch_call_delegate")
 
@@ -251,6 +253,11 @@ def export_legalized(module: torch.nn.Module, args: tuple) -> torch.export.Expor
 
 def lower(module: torch.nn.Module, args: tuple, partitioners: list, legalize: bool = True):
     """(legalize and) export -> lower with ``partitioners`` -> (ExecutorchProgramManager, Census)."""
+    with shared_provenance():
+        return _lower(module, args, partitioners, legalize)
+
+
+def _lower(module: torch.nn.Module, args: tuple, partitioners: list, legalize: bool):
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     if legalize:

@@ -35,6 +35,7 @@ from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_c
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
 from sam2edge.export.kept import fp32_kept
+from sam2edge.export.provenance import shared_provenance
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -205,7 +206,8 @@ def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
         stages.next(f"convert {file}")
         stage(f"convert {file} ({job.precision_label}) for {spec.name}")
         job.files[file] = role
-        spec.convert(job, file, module.eval(), sample)
+        with shared_provenance():  # byte-identical files, less time copying torch.fx debug records
+            spec.convert(job, file, module.eval(), sample)
     if spec.tables is not None:
         job.files.update(spec.tables(job))
     if job.vcfg is not None:
