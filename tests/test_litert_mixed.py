@@ -90,10 +90,11 @@ def _outliers(spec: str, gain: float) -> dict:
     return int8_outliers(variant_state_dict(spec, TEST_SMALL), seed=5, gain=gain)
 
 
-def test_litert_int8_export_nothing_can_save_is_refused(tmp_path, monkeypatch):
-    """With nothing allowed fp32 (max_kept 0) an outlier checkpoint's LiteRT int8 export misses the int8 bar and
-    is refused in one line: the lowest clicks, what the selection kept and reached, the ``diagnose`` command;
-    nothing is written."""
+@pytest.mark.parametrize("target", ["onnx", pytest.param("litert", marks=pytest.mark.slow)])  # litert: 60 s
+def test_int8_export_nothing_can_save_is_refused(target, tmp_path, monkeypatch):
+    """With nothing allowed fp32 (max_kept 0) an outlier checkpoint's int8 export misses the int8 bar and is refused
+    in one line: the lowest clicks, what the selection kept and reached, the ``diagnose`` command; nothing is
+    written."""
     import re
 
     from sam2edge.errors import UserError
@@ -106,7 +107,7 @@ def test_litert_int8_export_nothing_can_save_is_refused(tmp_path, monkeypatch):
     out = tmp_path / "b"
     with pytest.raises(UserError) as err:
         run_export(
-            "litert",
+            target,
             "test-small",
             "int8",
             out,
@@ -116,7 +117,7 @@ def test_litert_int8_export_nothing_can_save_is_refused(tmp_path, monkeypatch):
     msg = str(err.value)
     assert not out.exists() and "\n" not in msg and msg.startswith("export refused: end-to-end mask IoU"), msg
     assert "keeping nothing in fp32 still missed the bars in the eager emulation (worst " in msg, msg
-    assert re.search(r"IoU worst 0\.\d{4} < 0\.95", msg) and "sam2edge diagnose litert --int8" in msg, msg
+    assert re.search(r"IoU worst 0\.\d{4} < 0\.95", msg) and f"sam2edge diagnose {target} --int8" in msg, msg
 
 
 def test_litert_int8_emulation_quantises_the_encoder_graph_convolutions():

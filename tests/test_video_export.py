@@ -244,7 +244,7 @@ def test_verify_and_tamper(video_bundle, tmp_path):
         Sam2VideoPredictor.from_export(copy)
 
 
-@pytest.mark.parametrize("target", ["litert", "onnx"])
+@pytest.mark.parametrize("target", [pytest.param("litert", marks=pytest.mark.slow), "onnx"])  # litert: 85 s of export
 def test_int8_video_bundle_quantises_only_the_frame_encoder(target, video_bundle_dir, video_checkpoint, tmp_path):
     """``--precision int8 --video``: the frame encoder is the int8 encoder; the three video graphs compute what
     the fp32 bundle's do, bit for bit; the clip is measured at int8's clip bars (worst 0.95, median 0.99), the
