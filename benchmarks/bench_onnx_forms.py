@@ -150,7 +150,7 @@ def gflop(config: str, graph: str, form: str, sd: dict) -> tuple[float, dict[str
 
 def peer_gflop(config: str, graph: str) -> float:
     """The peer's encode or click: upstream's operations (``checks.bench.bench.model_flops``), GFLOP."""
-    from sam2edge.checks.bench.bench import model_flops
+    from sam2edge.checks.bench.bound import model_flops
 
     return model_flops(get_config(config))[f"{graph}_gflop"]
 

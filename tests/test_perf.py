@@ -17,7 +17,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from sam2edge.checks.bench.bench import model_flops, vector_extensions
+from sam2edge.checks.bench.bench import vector_extensions
+from sam2edge.checks.bench.bound import model_flops
 from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
 from sam2edge.checks.bench.records import add_scaling, machine
 from sam2edge.cli.main import main

@@ -34,7 +34,7 @@ import torch
 
 import sam2edge
 from sam2edge.bundle import load_card
-from sam2edge.checks.bench.bound import compute_bound, gemm_gflops, model_flops  # noqa: F401
+from sam2edge.checks.bench.bound import compute_bound, gemm_gflops
 from sam2edge.checks.bench.peer import check_peer_folder
 from sam2edge.checks.bench.records import (  # noqa: F401
     PEER,

@@ -92,11 +92,12 @@ class IsolatedUpstream:
                     f"upstream eager's process did not start within {START_TIMEOUT_S:.0f} s; "
                     "free memory and cores (or bench a smaller --config) and run again"
                 )
-            _, self.load_s = self._ask("start")
+            _, self.load_s = self._ask()
         self.last_ms: float | None = None
 
-    def _ask(self, what: str, *msg):
-        """Send ``msg`` (if any) and return the child's answer; a child that is gone is one UserError line."""
+    def _ask(self, *msg):
+        """Send ``msg`` (none: await the start) and return the child's answer; a child that is gone is one
+        UserError line naming the message it did not answer."""
         try:
             if msg:
                 self._conn.send(msg)
@@ -105,13 +106,13 @@ class IsolatedUpstream:
             self._proc.join(10)
             code = self._proc.exitcode
             raise UpstreamProcessDied(
-                f"upstream eager's process ended during {what} (exit code {code}"
+                f"upstream eager's process ended during {msg[0] if msg else 'start'} (exit code {code}"
                 f"{', killed by signal ' + str(-code) if code is not None and code < 0 else ''}); "
                 "it may have run out of memory: close other programs or bench a smaller --config, and run again"
             ) from None
 
     def _call(self, *msg) -> float:
-        self.last_ms = self._ask(msg[0], *msg)
+        self.last_ms = self._ask(*msg)
         return self.last_ms
 
     def encode(self, image: np.ndarray) -> None:
@@ -124,11 +125,11 @@ class IsolatedUpstream:
 
     def stats(self) -> dict:
         """The child's load seconds, peak RSS and RSS growth since before it loaded the model (MB)."""
-        return self._ask("stats", "stats")
+        return self._ask("stats")
 
     def probe(self) -> tuple[int, np.ndarray | None]:
         """(the child's pid, the first output of its last decode as numpy): what ran where, for tests."""
-        return self._ask("probe", "probe")
+        return self._ask("probe")
 
     def close(self) -> None:
         if self._proc.is_alive():
