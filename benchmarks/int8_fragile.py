@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sam2edge.config import CONFIGS
+
 # (label, target whose emulation is used, smoothed)
 ROWS = (
     ("per tensor, plain", "onnx", False),
@@ -56,7 +58,7 @@ def measure(sd: dict, cfg, target: str, smoothed: bool, reference, prompts) -> d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--config", default="sam2.1-hiera-tiny")
+    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
     p.add_argument("--clicks", type=int, default=40)
     args = p.parse_args(argv)
     problem = _problem(args)

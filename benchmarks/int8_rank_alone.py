@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sam2edge.config import CONFIGS
+
 
 def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("checkpoint")
     p.add_argument("--target", default="onnx", choices=["onnx", "litert", "executorch"])
-    p.add_argument("--config", default="sam2.1-hiera-tiny")
+    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
     p.add_argument("--rank-clicks", type=int, default=10)
     p.add_argument("--out", help="write the ranking and the prefixes' IoUs here (JSON)")
     args = p.parse_args(argv)

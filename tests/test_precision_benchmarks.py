@@ -210,3 +210,13 @@ def test_fragile_refuses_unusable_input_in_one_line(tmp_path, capsys, case, need
     assert _script("int8_fragile").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
+
+
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile"])
+def test_checkpoint_scripts_refuse_an_unknown_config_in_one_line(tmp_path, capsys, script):
+    checkpoint = tmp_path / "ckpt.pt"
+    checkpoint.write_bytes(b"not read: the arguments are refused first")
+    with pytest.raises(SystemExit) as e:
+        _script(script).main([str(checkpoint), "--config", "bogus"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "--config: invalid choice: 'bogus'" in err and "sam2.1-hiera-tiny" in err, err
