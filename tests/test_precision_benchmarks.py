@@ -1,6 +1,7 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
-records (and ``record`` its table from bundle cards), and they, ``int8_rank_alone.py``, ``bench_onnx_forms.py`` and
-``bench_eager_beside.py`` refuse unusable input in one line with exit code 2, writing nothing.
+records (and ``record`` its table from bundle cards), and they, ``int8_rank_alone.py``, ``int8_fragile.py``,
+``bench_onnx_forms.py``, ``bench_eager_beside.py`` and ``bench_provenance.py`` refuse unusable input in one line with
+exit code 2, writing nothing.
 """
 
 from __future__ import annotations
@@ -220,3 +221,21 @@ def test_checkpoint_scripts_refuse_an_unknown_config_in_one_line(tmp_path, capsy
         _script(script).main([str(checkpoint), "--config", "bogus"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and "--config: invalid choice: 'bogus'" in err and "sam2.1-hiera-tiny" in err, err
+
+
+def test_provenance_bench_never_writes_into_an_existing_folder(tmp_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("a user's file")
+    assert _script("bench_provenance").main(["--work", str(work)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "exists" in err and "nothing is overwritten" in err and "\n" not in err, err
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and (work / "keep.txt").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("flag, value", [("--target", "onnx"), ("--config", "bogus")])
+def test_provenance_bench_refuses_unknown_choices(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        _script("bench_provenance").main(["--work", str(tmp_path / "w"), flag, value])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"{flag}: invalid choice: '{value}'" in err and not (tmp_path / "w").exists(), err
