@@ -35,6 +35,7 @@ from sam2edge.config import get_config
 from sam2edge.export import onnx as eo
 from sam2edge.export import onnx_int8 as i8
 from sam2edge.export import onnx_static as st
+from sam2edge.export.pipeline import export_model
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.model.fused_attention import DOMAIN as MHA_DOMAIN
 from sam2edge.runtime.backends import onnx as ob
@@ -66,7 +67,7 @@ def build(work: Path, config: str) -> tuple[list[str], dict]:
     sd = synthetic_state_dict(cfg)
     names, census = [], {}
     for label, precision in (("plain", "fp32"), ("smoothed", "int8")):  # _model smooths the int8 encoder
-        model = eo._model(sd, cfg, precision, eo.ONNX_REWRITES).eval()
+        model = export_model(sd, cfg, precision, eo.ONNX_REWRITES).eval()
         fp32 = work / f"fp32_{label}.onnx"
         _trace(EncoderGraph(model), eo.example_inputs(cfg)[0], fp32, "encoder")
         if label == "plain":
@@ -79,7 +80,7 @@ def build(work: Path, config: str) -> tuple[list[str], dict]:
         print("built", label, flush=True)
     # onnxruntime's fused MultiHeadAttention in place of MatMul-Softmax-MatMul (an onnxruntime-only graph, so not
     # in a bundle), smoothed and dynamically quantised as the export's VNNI file
-    model = eo._model(sd, cfg, "int8", replace(eo.ONNX_REWRITES, attention_impl="ort_mha")).eval()
+    model = export_model(sd, cfg, "int8", replace(eo.ONNX_REWRITES, attention_impl="ort_mha")).eval()
     fused = work / "fp32_fused-attention.onnx"
     _trace(EncoderGraph(model), eo.example_inputs(cfg)[0], fused, "encoder", (MHA_DOMAIN,))
     census[FUSED] = VARIANTS["dynamic"](fused, work / FUSED, cfg)

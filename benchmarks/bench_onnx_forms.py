@@ -35,6 +35,7 @@ from sam2edge.checks.bench.peer import ENCODER_FILE as PEER_ENCODER
 from sam2edge.config import get_config
 from sam2edge.export import onnx as eo
 from sam2edge.export import onnx_int8 as i8
+from sam2edge.export.pipeline import export_model
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
 from sam2edge.runtime.backends import onnx as ob
 from sam2edge.weights import synthetic_state_dict
@@ -78,7 +79,7 @@ def build(work: Path, config: str, graph: str, forms: list[str]) -> list[str]:
     for form in forms:
         rw = replace(eo.ONNX_REWRITES, **FORMS[graph][form])
         for precision in PRECISIONS[graph]:  # _model smooths the int8 encoder, as the export does
-            model = eo._model(sd, cfg, precision, rw).eval()
+            model = export_model(sd, cfg, precision, rw).eval()
             raw, opt = work / f"raw_{precision}_{form}.onnx", work / f"opt_{precision}_{form}.onnx"
             names_in, names_out, dynamic = eo.IO[graph]
             args = eo.example_inputs(cfg)[0 if graph == "encoder" else 1]
@@ -133,7 +134,7 @@ def gflop(config: str, graph: str, form: str, sd: dict) -> tuple[float, dict[str
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = get_config(config)
-    model = eo._model(sd, cfg, "fp32", replace(eo.ONNX_REWRITES, **FORMS[graph][form])).eval()
+    model = export_model(sd, cfg, "fp32", replace(eo.ONNX_REWRITES, **FORMS[graph][form])).eval()
     args = eo.example_inputs(cfg)[0 if graph == "encoder" else 1]
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         GRAPHS[graph](model)(*args)

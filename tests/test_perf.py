@@ -282,6 +282,7 @@ def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     assert e2e["iou_worst"] >= 0.95 and e2e["iou_median"] >= 0.99
     lint = card["extra"]["lint"]
     assert "INT8" in lint["encoder.tflite"]["weight_dtypes"] and "INT8" not in lint["decoder.tflite"]["weight_dtypes"]
+    assert "SmoothQuant" in card["extra"]["int8_smoothing"]  # the encoder smoothed, as every int8 export's
     assert fid["checks"]["gpu_delegate"]["skipped"] and not fid["checks"]["gpu_decoder_fidelity"]["failures"]
 
 

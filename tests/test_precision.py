@@ -8,6 +8,7 @@ deterministic, and every target's fp16 emulation holds the fp16 bars on each of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 from pathlib import Path
@@ -186,3 +187,39 @@ def test_smoothing_is_the_same_function_in_fp32():
     key = "blocks.1.norm2"
     ratio = [float(d[key].max() / d[key].median()) for d in (before, after)]
     assert ratio[1] < ratio[0], ratio
+
+
+@pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])
+def test_every_int8_export_builds_its_graphs_from_the_smoothed_encoder(target, monkeypatch, tmp_path):
+    """Every target's int8 quantises activations per call (per tensor or per token), so every int8 export smooths
+    the encoder first: the model the pipeline hands the target is built from ``export_weights`` (smoothed norms
+    and Linear columns), fp32 / fp16 exports from the checkpoint's own weights."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export import pipeline
+    from sam2edge.export.smooth import export_weights
+    from sam2edge.targets import get_target, resolve
+
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
+    norm = "image_encoder.trunk.blocks.1.norm2.weight"
+    smoothed_norm = export_weights(sd, TEST_SMALL, "int8")[norm]
+    assert not torch.equal(smoothed_norm, sd[norm])
+    assert export_weights(sd, TEST_SMALL, "fp16") is sd and export_weights(sd, TEST_SMALL, "fp32") is sd
+
+    built = {}
+
+    class Stop(Exception):
+        pass
+
+    spec = resolve(get_target(target).converter)
+
+    def model(sd_, cfg, precision, rewrites):
+        built[precision] = sd_[norm].clone()
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "resolve", lambda _c: dataclasses.replace(spec, model=model))
+    for precision in ("fp32", "int8"):
+        with pytest.raises(Stop):
+            pipeline.run_export(target, "test-small", precision, tmp_path / precision, weights=(sd, "t"))
+    torch.testing.assert_close(built["int8"], smoothed_norm)
+    assert torch.equal(built["fp32"], sd[norm])

@@ -8,9 +8,9 @@ A bundle folder gives target, config, resolution and checkpoint from its card.js
 Exit 0 when the emulation meets the fp16 bar (worst >= 0.99, median >= 0.999), 1 when not, 2 on bad input.
 
 ``--int8``: the int8 sensitivity sweep instead (``export.int8_sensitivity``): the target's dynamic int8 encoder
-emulated in eager, its end-to-end mask IoU and the clicks under the int8 bar (photo, prompt kind), then every
-encoder Linear ranked by the worst IoU reached with that layer alone kept fp32. Exit 0 when the all-int8 encoder
-meets the int8 bar (worst >= 0.95), 1 when not.
+(its weights smoothed as an int8 export smooths them, ``export.smooth``) emulated in eager, its end-to-end mask IoU
+and the clicks under the int8 bar (photo, prompt kind), then every encoder Linear ranked by the worst IoU reached
+with that layer alone kept fp32. Exit 0 when the all-int8 encoder meets the int8 bar (worst >= 0.95), 1 when not.
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ def _write_json(args: argparse.Namespace, report: dict) -> None:
 
 def _run_int8(args: argparse.Namespace, target: str, cfg, sd: dict) -> int:
     from sam2edge.export.int8_sensitivity import sweep
+    from sam2edge.export.smooth import export_weights
 
-    r = sweep(sd, cfg, target, args.clicks, INT8_WORST)
+    r = sweep(export_weights(sd, cfg, "int8"), cfg, target, args.clicks, INT8_WORST)  # as an int8 export smooths
     print(
         f"{target} int8 emulation (encoder Linears: int8 weights per channel, activations {r['activations']}; "
         f"fp32 decoder), {cfg.image_size}px: mask IoU vs fp32 over {r['clicks']} clicks: median "

@@ -37,7 +37,7 @@ from sam2edge.export.mixed import fp16_keep
 from sam2edge.export.onnx_fp16 import fp16_storage
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.export.wrappers import EncoderGraph, PointDecoderGraph
-from sam2edge.model import Rewrites, Sam2ImageModel
+from sam2edge.model import Rewrites
 from sam2edge.runtime.backends import onnx as ob
 from sam2edge.runtime.preprocess import MEAN, STD
 from sam2edge.runtime.prompts import prompt_layout
@@ -306,24 +306,6 @@ def optimization_check(job) -> dict:
     return {"graphs": job.state["census"], "optimized_vs_unoptimized": res}
 
 
-def _model(sd: dict, cfg: Sam2Config, precision: str, rewrites: Rewrites) -> Sam2ImageModel:
-    """The export's model; int8: the encoder smoothed (``export.smooth``, exact in fp32) because
-    ``DynamicQuantizeLinear`` gives a whole tensor one activation range, which a few outlier channels widen.
-    Measured with real ONNX int8 exports (test-small, the export's own 40-click fidelity,
-    benchmarks/int8_smoothing.py): with two LayerNorm channels x10 per block (synthetic:1:outliers) worst /
-    median 0.92282 / 0.95997 without -> 0.94796 / 0.97681 with it (still under the bar); synthetic:2
-    0.98606 / 0.99496 -> 0.97859 / 0.99650."""
-    from sam2edge.model import build_sam2
-
-    if precision == "int8":
-        from sam2edge.export.smooth import smoothed
-
-        sd = smoothed(sd, cfg, rewrites)[0]
-    model = build_sam2(cfg, rewrites)
-    model.load_state_dict(sd, strict=True)
-    return model
-
-
 def _extra(job) -> dict:
     return {
         "opset": OPSET,
@@ -332,14 +314,6 @@ def _extra(job) -> dict:
         "dynamic": {"num_points": "point_coords dim 1, point_labels dim 1"},
         "point_labels": LABEL_MEANING,
         "rewrites": vars(ONNX_REWRITES).copy(),
-        **(
-            {
-                "int8_smoothing": "SmoothQuant-style LayerNorm -> Linear scaling of the encoder (export.smooth, alpha "
-                "0.5, calibrated on skimage photos outside the fidelity click set)"
-            }
-            if job.precision == "int8"
-            else {}
-        ),
         **st.card_extra(job),
     }
 
@@ -390,7 +364,6 @@ SPEC = TargetSpec(
     open_backend=_backend,
     extra=_extra,
     summary=summary,
-    model=_model,
     checks={
         "optimization": optimization_check,
         "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),

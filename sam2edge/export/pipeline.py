@@ -36,6 +36,8 @@ from sam2edge.errors import UserError
 from sam2edge.export import video as vid
 from sam2edge.export.kept import fp32_kept
 from sam2edge.export.provenance import shared_provenance
+from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
+from sam2edge.export.smooth import export_weights
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -112,6 +114,12 @@ def _default_model(sd: dict, cfg: Sam2Config, precision: str, rewrites: Rewrites
     model = build_sam2(cfg, rewrites)
     model.load_state_dict(sd, strict=True)
     return model
+
+
+def export_model(sd: dict, cfg: Sam2Config, precision: str, rewrites: Rewrites) -> Sam2ImageModel:
+    """The model a default-built export at ``precision`` converts: ``rewrites`` on the weights it quantises
+    (``export_weights``: int8 smoothed). For benchmarks that convert graphs outside ``run_export``."""
+    return _default_model(export_weights(sd, cfg, precision), cfg, precision, rewrites)
 
 
 def _default_config(cfg: Sam2Config, resolution: int | None) -> Sam2Config:
@@ -268,6 +276,7 @@ def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
         **({"video": vid.extra(job)} if video else {}),
         **({"fp32_kept": kept} if kept else {}),
         **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
+        **({"int8_smoothing": SMOOTHING_NOTE} if job.precision == "int8" else {}),
     }
 
 
@@ -302,7 +311,7 @@ def run_export(
     check_int8_reaches(entry, cfg, config_name, precision)
     sd_all, source = weights if weights is not None else _load(checkpoint, cfg, vcfg)
     sd = vid.image_part(sd_all, cfg) if video else sd_all
-    model = spec.model(sd, cfg, precision, spec.rewrites)
+    model = spec.model(export_weights(sd, cfg, precision), cfg, precision, spec.rewrites)  # int8: smoothed
     stages = Stages(f"export {target} {precision}", len(GRAPH_SET) + 2 + len(spec.checks) + (spec.lint is not None))
     try:
         with atomic_dir(out) as tmp:

@@ -9,6 +9,9 @@ output on calibration photos) a few outlier channels no longer set every other c
 Pairs per Hiera block (``image_encoder.trunk.blocks.i``): ``norm1`` -> ``attn.qkv`` (+ ``proj``, the dimension
 change's shortcut, which reads the same normalised input) and ``norm2`` -> ``mlp.layers.0``.
 ``smooth_state_dict`` is a pure function of a sam2edge state dict; ``calibrate`` measures ``max|X_j|`` on photos.
+Every int8 export quantises the state dict ``export_weights`` returns (``export.pipeline``), on every target: the
+activations are quantised per call, one range per tensor (onnxruntime's ``DynamicQuantizeLinear``) or per token
+(XNNPACK's dynamic kernels: LiteRT, ExecuTorch), and a few outlier channels widen either.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ ALPHA = 0.5  # migration strength (SmoothQuant's default for most models)
 CALIBRATION_PHOTOS = ("motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "horse.png")
 # norm -> the Linear layers that read its output
 PAIRS = {"norm1": ("attn.qkv", "proj"), "norm2": ("mlp.layers.0",)}
+# card.json extra.int8_smoothing of every int8 bundle
+CARD_NOTE = (
+    f"SmoothQuant-style LayerNorm -> Linear scaling of the encoder (export.smooth, alpha {ALPHA}, calibrated on "
+    "skimage photos outside the fidelity click set; exact in fp32)"
+)
 
 
 @torch.no_grad()
@@ -80,3 +88,13 @@ def smoothed(sd: dict, cfg: Sam2Config, rewrites, alpha: float = ALPHA) -> tuple
     model = build_sam2(cfg, rewrites)
     model.load_state_dict(sd)
     return smooth_state_dict(sd, calibrate(model.eval(), cfg), alpha)
+
+
+def export_weights(sd: dict, cfg: Sam2Config, precision: str) -> dict:
+    """The state dict an export at ``precision`` builds its graphs from: int8 smoothed (the fp32 function is the
+    same), every other precision ``sd`` itself."""
+    if precision != "int8":
+        return sd
+    from sam2edge.model import Rewrites
+
+    return smoothed(sd, cfg, Rewrites())[0]
