@@ -105,9 +105,8 @@ def record(args) -> int:
             rows.append(_row(card, Path(checkpoint).stem if checkpoint else folder.name.split("--")[0]))
     rec = {
         "schema": SCHEMA,
-        "id": "precision-robustness-1024",
-        "title": "Reduced precision on the robustness set: full-size Hiera-Tiny exports, parts kept fp32 chosen "
-        "by measurement",
+        "id": args.id,
+        "title": args.title,
         "date": date.today().isoformat(),
         "command": "python benchmarks/precision_robustness.py export --set DIR --bundles DIR && python "
         "benchmarks/precision_robustness.py record --bundles DIR --out FILE",
@@ -309,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--precisions", nargs="*", default=["fp16", "int8"])
     r = sub.add_parser("record")
     r.add_argument("--bundles", required=True, nargs="+", help="folders holding bundle folders")
+    r.add_argument("--id", default="precision-robustness-1024")
+    r.add_argument(
+        "--title",
+        default="Reduced precision on the robustness set: full-size Hiera-Tiny exports, parts kept fp32 chosen by "
+        "measurement",
+    )
     r.add_argument("--out", required=True)
     r.add_argument("--note", action="append", default=[], help="a note under the table (repeatable)")
     w = sub.add_parser("weights")

@@ -196,6 +196,11 @@ def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
     assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert len(rec["rows"]) == 1 and rec["machine"]["cores"] >= 1 and "vector_extensions" in rec["machine"]
+    assert rec["id"] == "precision-robustness-1024"
+    named = tmp_path / "named.json"
+    argv = ["record", "--bundles", str(bundles), "--out", str(named), "--id", "rs-x", "--title", "T"]
+    assert _script("precision_robustness").main(argv) == 0
+    assert (json.loads(named.read_text())["id"], json.loads(named.read_text())["title"]) == ("rs-x", "T")
     out.write_text("a user's file")
     assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
