@@ -174,11 +174,13 @@ def emulated_pair(sd: dict, cfg: Sam2Config, target: str) -> tuple[GraphBackend,
 
 def int8_emulation(sd: dict, cfg: Sam2Config) -> GraphBackend:
     """ExecuTorch int8: the encoder graph after the XNNPACK quantizer's prepare/convert (its quantize /
-    dequantize ops run in eager, i.e. the int8 rounding of weights and activations), fp32 decoder."""
+    dequantize ops run in eager, i.e. the int8 rounding of weights and activations), fp32 decoder; on the weights
+    the export quantises (``export.smooth.export_weights``: smoothed)."""
     from sam2edge.export.executorch import _quantize_int8, build_model
     from sam2edge.export.executorch_graphs import encoder_inputs
+    from sam2edge.export.smooth import export_weights
 
-    model = build_model(sd, cfg, "int8").eval()
+    model = build_model(export_weights(sd, cfg, "int8"), cfg, "int8").eval()
     return GraphBackend(model, cfg, _quantize_int8(XnnEncoderGraph(model).eval(), encoder_inputs(cfg)))
 
 
