@@ -66,7 +66,7 @@ def build(work: Path, config: str) -> tuple[list[str], dict]:
     cfg = get_config(config)
     sd = synthetic_state_dict(cfg)
     names, census = [], {}
-    for label, precision in (("plain", "fp32"), ("smoothed", "int8")):  # _model smooths the int8 encoder
+    for label, precision in (("plain", "fp32"), ("smoothed", "int8")):  # export_model smooths the int8 encoder
         model = export_model(sd, cfg, precision, eo.ONNX_REWRITES).eval()
         fp32 = work / f"fp32_{label}.onnx"
         _trace(EncoderGraph(model), eo.example_inputs(cfg)[0], fp32, "encoder")

@@ -78,7 +78,7 @@ def build(work: Path, config: str, graph: str, forms: list[str]) -> list[str]:
     names = []
     for form in forms:
         rw = replace(eo.ONNX_REWRITES, **FORMS[graph][form])
-        for precision in PRECISIONS[graph]:  # _model smooths the int8 encoder, as the export does
+        for precision in PRECISIONS[graph]:  # export_model smooths the int8 encoder, as the export does
             model = export_model(sd, cfg, precision, rw).eval()
             raw, opt = work / f"raw_{precision}_{form}.onnx", work / f"opt_{precision}_{form}.onnx"
             names_in, names_out, dynamic = eo.IO[graph]

@@ -109,7 +109,7 @@ def record(args) -> int:
         "title": args.title,
         "date": date.today().isoformat(),
         "command": "python benchmarks/precision_robustness.py export --set DIR --bundles DIR && python "
-        "benchmarks/precision_robustness.py record --bundles DIR --out FILE",
+        f"benchmarks/precision_robustness.py record --bundles DIR --id {args.id} --out FILE",
         "machine": {k: machine()[k] for k in ("cpu", "cores", "vector_extensions")},  # where `record` runs
         "columns": COLUMNS,
         "rows": rows,

@@ -286,13 +286,11 @@ def test_onnx_keeps_a_split_qkv_layer_out_of_int8(tmp_path):
 
     from sam2edge.export import onnx as eo
     from sam2edge.export.onnx_int8 import nodes_of, quantize_int8
+    from sam2edge.export.pipeline import export_model
     from sam2edge.export.wrappers import EncoderGraph
-    from sam2edge.model import build_sam2
     from sam2edge.weights import synthetic_state_dict
 
-    model = build_sam2(TEST_SMALL, eo.ONNX_REWRITES)
-    model.load_state_dict(synthetic_state_dict(TEST_SMALL))
-    model.eval()
+    model = export_model(synthetic_state_dict(TEST_SMALL), TEST_SMALL, "fp32", eo.ONNX_REWRITES).eval()
     raw, opt = tmp_path / "raw.onnx", tmp_path / "opt.onnx"
     names_in, names_out, _ = eo.IO["encoder"]
     with torch.no_grad():

@@ -200,7 +200,9 @@ def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
     named = tmp_path / "named.json"
     argv = ["record", "--bundles", str(bundles), "--out", str(named), "--id", "rs-x", "--title", "T"]
     assert _script("precision_robustness").main(argv) == 0
-    assert (json.loads(named.read_text())["id"], json.loads(named.read_text())["title"]) == ("rs-x", "T")
+    named_rec = json.loads(named.read_text())
+    assert (named_rec["id"], named_rec["title"]) == ("rs-x", "T")
+    assert "record --bundles DIR --id rs-x" in named_rec["command"]
     out.write_text("a user's file")
     assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
