@@ -11,6 +11,8 @@ with the parts and IoUs it reached. Slow: the robustness set (``scripts/robustne
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -228,11 +230,11 @@ def test_int8_selection_keeps_sensitive_layers_until_the_goal_holds(spec):
     assert meets(sel.chosen.iou_worst, sel.chosen.iou_median, SELECTION_BARS, {})
 
 
-def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
+def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16():
     """ExecuTorch: the XNNPACK quantizer leaves a kept Linear fp32 (one weight dequantisation fewer), and
-    ``Fp16Storage`` leaves a kept part's parameters fp32, by module name under the graph's model."""
+    ``Fp16Encoder`` leaves a kept part fp32 (weights and arithmetic), by module name under the graph's model."""
     from sam2edge.export.executorch import _quantize_int8
-    from sam2edge.export.executorch_graphs import Fp16Storage
+    from sam2edge.export.executorch_graphs import Fp16Encoder
 
     class Graph(torch.nn.Module):  # a graph wrapper holding ``model`` as export.wrappers' graphs do
         def __init__(self) -> None:
@@ -251,9 +253,13 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16_storage():
         return sum("dequantize_per_channel" in str(n.target) for n in q.graph.nodes if n.op == "call_function")
 
     assert weight_dequants(()) == 2 and weight_dequants(("a",)) == 1 and weight_dequants(("a", "b")) == 0
-    stored = Fp16Storage(graph, keep=("b",))
-    dtypes = {n: p.dtype for n, p in stored.inner.named_parameters()}
-    assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.weight"] == torch.float32, dtypes
+    half = Fp16Encoder(graph, keep=("b",))
+    dtypes = {n: p.dtype for n, p in half.inner.named_parameters()}
+    assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.module.weight"] == torch.float32, dtypes
+    with torch.no_grad():  # b runs fp32 on a's fp16 output: its input rounded to fp16, its product fp32
+        hidden = torch.relu(copy.deepcopy(graph.model.a).half()(args[0].half())).float()
+        torch.testing.assert_close(half(*args), graph.model.b(hidden).half().float(), rtol=0, atol=0)
+    assert {p.dtype for p in graph.parameters()} == {torch.float32}  # the graph it was made from is left as it was
 
 
 def test_executorch_keeps_a_split_qkv_layer_out_of_int8():
@@ -343,11 +349,11 @@ def test_reduced_exports_ship_on_the_robustness_set(robustness_set, target, prec
     assert not bad, (target, precision, bad)
 
 
-def test_fp16_storage_exports_a_graph_that_reads_a_parameter_directly():
+def test_fp16_encoder_exports_a_graph_that_reads_a_parameter_directly():
     """A graph reading one of its model's parameters outside a submodule call (EdgeTAM's frame encoder adds
     ``model.no_mem_embed``) survives ``torch.export(...).module()``, which ExecuTorch's lowering calls: the
     wrapper's submodule must not be named ``graph`` (the unlifted GraphModule's own attribute)."""
-    from sam2edge.export.executorch_graphs import Fp16Storage
+    from sam2edge.export.executorch_graphs import Fp16Encoder
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:
@@ -364,9 +370,10 @@ def test_fp16_storage_exports_a_graph_that_reads_a_parameter_directly():
             return self.model.lin(x) + self.model.embed
 
     graph, x = Graph().eval(), torch.randn(2, 8)
-    module = torch.export.export(Fp16Storage(graph), (x,)).module()
-    want = graph.model.lin.weight.half().float() @ x.T
-    assert torch.allclose(module(x), want.T + graph.model.lin.bias.half().float() + graph.model.embed.half().float())
+    module = torch.export.export(Fp16Encoder(graph), (x,)).module()
+    m = graph.model
+    want = (torch.nn.functional.linear(x.half(), m.lin.weight.half(), m.lin.bias.half()) + m.embed.half()).float()
+    torch.testing.assert_close(module(x), want, rtol=0, atol=0)
 
 
 def test_smoothing_leaves_a_convolutional_trunk_alone():

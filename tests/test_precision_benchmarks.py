@@ -1,5 +1,6 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
 records (and ``record`` its table from bundle cards), and they, ``int8_rank_alone.py``, ``int8_fragile.py``,
+``executorch_fp16_error.py``,
 ``bench_onnx_forms.py``, ``bench_eager_beside.py`` and ``bench_provenance.py`` refuse unusable input in one line with
 exit code 2, writing nothing.
 """
@@ -246,3 +247,25 @@ def test_provenance_bench_refuses_unknown_choices(tmp_path, capsys, flag, value)
         _script("bench_provenance").main(["--work", str(tmp_path / "w"), flag, value])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and f"{flag}: invalid choice: '{value}'" in err and not (tmp_path / "w").exists(), err
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("no-card", "no card.json"),
+        ("bad-card", "not a readable card"),
+        ("int8", "target executorch, precision int8; give an ExecuTorch fp16 bundle"),
+        ("photo", "--photos moon.png: not a fidelity photo"),
+    ],
+)
+def test_executorch_fp16_error_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    if case == "bad-card":
+        (bundle / "card.json").write_bytes(b"\xff not json")
+    elif case in ("int8", "photo"):
+        (bundle / "card.json").write_text(json.dumps({"target": "executorch", "precision": "int8"}))
+    argv = [str(bundle)] + (["--photos", "moon.png"] if case == "photo" else [])
+    assert _script("executorch_fp16_error").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err

@@ -10,10 +10,12 @@ overflow-safe LayerNorm; the graph legalization of ``executorch_lower`` puts Lay
 GELU in the delegate.
 Precisions (I/O fp32 for all):
   fp32  as is;
-  fp16  the encoder's parameters STORED in fp16 and cast to fp32 in the delegate (``Fp16Storage``: fp32
-        arithmetic on fp16-rounded weights, as LiteRT's fp16 recipe on a CPU; convolutions' weights stay fp32
-        as XNNPACK serializes them); fp16 arithmetic (``model.half()``) missed the fp16 median bar for
-        ordinary random checkpoints (``export.kept``); the decoder stays fp32 (``export.kept.FP32_KEPT``);
+  fp16  the encoder in fp16 weights and arithmetic (``Fp16Encoder``: XNNPACK's fp16 kernels, GELU in an exact
+        erf-free form), the encoder parts a measured selection keeps fp32 (``export.mixed.fp16_keep``, on the
+        eager emulation ``export.precision.fp16_arithmetic``; all-fp16 missed the median bar for an ordinary
+        checkpoint); convolutions' weights stay fp32 as XNNPACK serializes them; the decoder stays fp32
+        (``export.kept.FP32_KEPT``). (fp16 storage with fp32 compute, as LiteRT's recipe, cannot lower here:
+        XNNPACK converts no dtypes at this version, and folding the casts stores fp32 weights);
   int8  dynamic int8 (per-channel symmetric weights, per-token activations) on every Linear of the
         encoder via the XNNPACK quantizer (torchao pt2e); the decoder stays fp32 (4.2 M parameters; its
         int8 lowering fails in XNNPACK's ChannelsLastTaggedReshapePass on the mask-input LayerNorm2d).
@@ -36,7 +38,7 @@ from sam2edge.config import Sam2Config
 from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
 from sam2edge.export.executorch_graphs import (
-    Fp16Storage,
+    Fp16Encoder,
     XnnBatchedDecoderGraph,
     XnnDecoderGraph,
     XnnEncoderGraph,
@@ -92,7 +94,7 @@ ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
 def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
     model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
-    return model  # fp16: fp32 model, its encoder graph wrapped in Fp16Storage (fp16 weights, fp32 compute)
+    return model  # fp16: fp32 model, its encoder graph wrapped in Fp16Encoder (fp16 arithmetic)
 
 
 def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] = ()) -> torch.nn.Module:
@@ -244,7 +246,7 @@ def decoder_model(job) -> Sam2ImageModel:
 
 def _encoder_graph(job) -> torch.nn.Module:
     graph = XnnEncoderGraph(job.model)
-    return Fp16Storage(graph, fp16_keep(job)) if job.precision == "fp16" else graph
+    return Fp16Encoder(graph, fp16_keep(job, "executorch")) if job.precision == "fp16" else graph
 
 
 def _graphs(job) -> dict:

@@ -21,8 +21,7 @@ _DECODER_FP16_WEIGHTS = (
     "decoder's weights fp32 the emulation holds: seed 0 median 0.99906, seed 1 worst 0.99258 and median 0.99943"
 )
 _IO = "fp32 inputs and outputs, cast at the graph edges"
-# why the ONNX and ExecuTorch fp16 encoders compute in fp32 on fp16-stored weights (export.onnx_fp16.fp16_storage,
-# export.executorch_graphs.Fp16Storage) instead of in fp16
+# why the ONNX fp16 encoder computes in fp32 on fp16-stored weights (export.onnx_fp16.fp16_storage) instead of in fp16
 _FP16_STORAGE = (
     "fp16 weights, fp32 arithmetic: the error is weight rounding only. Full-size Hiera-Tiny, 40 clicks vs eager fp32, "
     "robustness-set checkpoint upstream-s1-perturbed (scripts/robustness_set.py): fp16-rounded encoder weights with "
@@ -53,7 +52,6 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
             "decoder.pte, decoder_cpu.pte + decoder_prep.pte and decoder_batched.pte (prompt encoder + mask decoder)": (
                 _DECODER_FP16
             ),
-            "encoder arithmetic (fp16 parameters cast to fp32 in the XNNPACK delegate)": _FP16_STORAGE,
             "encoder convolution weights": "XNNPACK serializes convolution weights as fp32 at every precision",
             "graph inputs and outputs": _IO,
             _MEASURED_PARTS: _MEASURED_WHY,

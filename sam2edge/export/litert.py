@@ -162,7 +162,7 @@ def graphs(model: Sam2ImageModel, num_tokens: int) -> dict[str, tuple[nn.Module,
 def _convert(job, file: str, module: nn.Module, sample: dict[str, torch.Tensor]) -> None:
     precision = _precision(job, file)
     if file == ENCODER_FILE and precision in ("fp16", "int8"):
-        keep = fp16_keep(job) if precision == "fp16" else int8_keep(job, "litert")
+        keep = fp16_keep(job, "litert") if precision == "fp16" else int8_keep(job, "litert")
         job.state["quantization"] = convert_kept(module, sample, job.folder / file, precision, keep, job.model)
     else:
         convert_graph(module, sample, job.folder / file, precision)

@@ -185,17 +185,18 @@ class _with_progress:
             self.bar.close()
 
 
-def fp16_keep(job) -> tuple[str, ...]:
-    """The encoder parts an fp16-storage export (``job``: ``export.pipeline.Job``) keeps fp32 for its weights,
-    chosen by measurement (``export.precision.select_fp16`` on the job's model and eager reference, at the
-    job's fp16 bars); recorded in ``job.state["mixed_precision"]`` (card.json ``extra.mixed_precision``)."""
+def fp16_keep(job, target: str) -> tuple[str, ...]:
+    """The encoder parts an fp16 export (``job``: ``export.pipeline.Job``) keeps fp32, chosen by measurement
+    (``export.precision.select_fp16`` on the job's model and eager reference with ``target``'s fp16 emulation,
+    at the job's fp16 bars); recorded in ``job.state["mixed_precision"]`` (card.json ``extra.mixed_precision``)."""
     from sam2edge.checks.fidelity.bars import bars_for
     from sam2edge.export.precision import select_fp16
     from sam2edge.progress import stage
 
     if "mixed_precision" not in job.state:
         stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
-        sel = select_fp16(job.model, job.cfg, job.reference(), bars_for("fp16", job.bars), clicks=job.clicks)
+        bars = bars_for("fp16", job.bars)
+        sel = select_fp16(job.model, job.cfg, job.reference(), bars, clicks=job.clicks, target=target)
         job.state["mixed_precision"] = sel.as_dict()
     return tuple(job.state["mixed_precision"]["kept_fp32"])
 

@@ -289,7 +289,7 @@ def _convert(job, file: str, module: nn.Module, args: tuple) -> None:
         final = st.quantize_encoder(job, opt, work, lambda src, dst: finish(src, dst, vnni_props))
     elif job.precision == "fp16" and role == "encoder":
         final = work / "fp16_encoder.onnx"
-        keep = fp16_keep(job)
+        keep = fp16_keep(job, "onnx")
         job.state["census"][role]["fp16"] = fp16_storage(opt, final, keep=keep)
     finish(final, job.folder / file, props)
 

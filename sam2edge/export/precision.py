@@ -5,9 +5,11 @@
 ExecuTorch I/O graphs (``XnnEncoderGraph`` / ``XnnDecoderGraph``: same functions as every target's
 graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
 
-  executorch  fp32 arithmetic on fp16-rounded encoder weights (``executorch_graphs.Fp16Storage``; its
-              convolutions keep fp32 weights, the emulation rounds them too: the stricter of the two);
-              the decoder graph fp32 (decoder.pte is fp32 in an fp16 bundle, ``FP32_KEPT``);
+  executorch  fp16 weights and arithmetic in the encoder, its kept parts fp32 (``fp16_arithmetic``, the
+              function ``executorch_graphs.Fp16Encoder`` exports; eager fp16 on the CPU rounds each
+              operation's result as XNNPACK's fp16 kernels do, though its products may accumulate
+              differently, so the export's own check on the real program decides); the decoder graph fp32
+              (decoder.pte is fp32 in an fp16 bundle, ``FP32_KEPT``);
   onnx        fp32 arithmetic on fp16-rounded encoder weights, with ONNX's rewrites (native
               LayerNormalization): ``export.onnx_fp16.fp16_storage`` stores the encoder's initializers as fp16
               behind Casts to fp32; fp32 decoder.onnx;
@@ -31,7 +33,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config
 from sam2edge.export.executorch import REWRITES as EXECUTORCH_REWRITES
-from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph
+from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, half_except
 from sam2edge.export.kept import FP32_KEPT  # noqa: F401  (card data, re-exported)
 from sam2edge.export.onnx import ONNX_REWRITES
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
@@ -39,9 +41,9 @@ from sam2edge.runtime.backends import Decoded, Features
 from sam2edge.runtime.backends.executorch import MAX_POINTS, pad_prompt
 
 
-def fp16_compute(model: Sam2ImageModel) -> Sam2ImageModel:
-    """Every weight and activation in fp16 (XNNPACK / onnx fp16 graphs)."""
-    return copy.deepcopy(model).half()
+def fp16_arithmetic(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
+    """fp16 weights and arithmetic (XNNPACK's fp16 graphs), the modules of ``keep`` in fp32 (``half_except``)."""
+    return half_except(model, keep)
 
 
 def in_parts(name: str, parts: tuple[str, ...]) -> bool:
@@ -69,11 +71,16 @@ class Emulation:
     reduce: Callable[[Sam2ImageModel], Sam2ImageModel]  # fp32 model -> reduced-precision model
     arithmetic: str  # one line for reports
     decoder_fp32: bool = False  # the fp16 export keeps its decoder graph in fp32 (FP32_KEPT)
+    whole_modules: bool = False  # ``reduce`` keeps whole modules fp32 only (not a bare parameter such as pos_embed)
 
 
 EMULATIONS: dict[str, Emulation] = {
     "executorch": Emulation(
-        EXECUTORCH_REWRITES, fp16_weights, "fp16 encoder weights, fp32 activations and decoder", decoder_fp32=True
+        EXECUTORCH_REWRITES,
+        fp16_arithmetic,
+        "fp16 encoder weights and arithmetic (XNNPACK fp16), fp32 decoder",
+        decoder_fp32=True,
+        whole_modules=True,
     ),
     "onnx": Emulation(ONNX_REWRITES, fp16_weights, "fp16 encoder weights, fp32 activations and decoder", True),
     "litert": Emulation(Rewrites(), fp16_weights, "fp16 encoder weights, fp32 activations and decoder", True),
@@ -89,7 +96,7 @@ REWRITTEN = {
 
 # Measured (test-small-wide-decoder, 40 clicks on 5 photos, vs eager fp32 with upstream's operations); checkpoint
 # -> (worst, median). litert: fp16 weights, fp32 arithmetic (today's form of every target); onnx and executorch:
-# their former fp16-arithmetic encoders (``fp16_compute``), before they moved to fp16 storage with fp32 compute
+# their fp16-arithmetic encoders (``fp16_arithmetic``); ONNX has since moved to fp16 storage with fp32 compute
 FP16_MEASURED: dict[str, dict[str, tuple[float, float]]] = {
     "litert": {  # fp32 decoder weights (docs/design/precision.md)
         "synthetic:3": (0.9982, 0.9997),
@@ -287,8 +294,11 @@ def fp16_parts(model: Sam2ImageModel) -> list[str]:
     return parts
 
 
-def rank_fp16(model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: tuple[str, ...]) -> list[dict]:
-    """``parts`` most harmful first: each rounded to fp16 alone (every other weight fp32), the largest relative
+def rank_fp16(
+    model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: tuple[str, ...], reduce: Callable = fp16_weights
+) -> list[dict]:
+    """``parts`` most harmful first: each reduced to fp16 alone (``reduce`` with every other part kept fp32;
+    default: its weights rounded, ``fp16_weights``), the largest relative
     L2 error it causes on the encoder's three outputs over ``photos`` (one encode per part and photo: a proxy
     ranking, cheap at full size; ``choose_kept`` then measures end to end)."""
     import numpy as np
@@ -299,25 +309,34 @@ def rank_fp16(model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: 
     xs = [torch.as_tensor(np.asarray(preprocess(photo(p), cfg.image_size))) for p in photos]
     from sam2edge.progress import Progress
 
-    with torch.no_grad(), Progress("fp16: ranking encoder parts (each rounded alone)", len(parts), "part") as bar:
-        refs = [model.encode_image(x) for x in xs]
+    with torch.no_grad(), Progress("fp16: ranking encoder parts (each in fp16 alone)", len(parts), "part") as bar:
+        refs = [XnnEncoderGraph(model)(x) for x in xs]
         rows = []
         for part in parts:
             bar.step(note=part)
-            reduced = fp16_weights(model, tuple(p for p in parts if p != part)).eval()
+            reduced = reduce(model, tuple(p for p in parts if p != part)).eval()
             err = max(
                 float((a - b).norm() / b.norm().clamp_min(1e-30))
                 for x, ref in zip(xs, refs, strict=True)
-                for a, b in zip(reduced.encode_image(x), ref, strict=True)
+                for a, b in zip(XnnEncoderGraph(reduced)(x), ref, strict=True)
             )
             rows.append({"part": part, "encoder_rel_error_alone": err})
     return sorted(rows, key=lambda r: -r["encoder_rel_error_alone"])
 
 
-def select_fp16(model: Sam2ImageModel, cfg: Sam2Config, reference, bars: dict, clicks: int = 40, max_kept: int = 8):
-    """Which encoder parts (``fp16_parts``) an fp16-storage export keeps fp32 for ``model``'s weights, chosen
-    by measurement (``export.mixed.select``): ranked by ``rank_fp16`` on calibration photos outside the click
-    set, then the fewest kept until fp32 arithmetic on the other parts' fp16-rounded weights (fp32 decoder)
+def select_fp16(
+    model: Sam2ImageModel,
+    cfg: Sam2Config,
+    reference,
+    bars: dict,
+    clicks: int = 40,
+    max_kept: int = 8,
+    target: str = "litert",
+):
+    """Which encoder parts (``fp16_parts``) an fp16 export for ``target`` keeps fp32 for ``model``'s weights,
+    chosen by measurement (``export.mixed.select``): ranked by ``rank_fp16`` on calibration photos outside the
+    click set, then the fewest kept until the target's emulation (``EMULATIONS[target].reduce``: fp16-rounded
+    weights with fp32 arithmetic, or ExecuTorch's fp16 arithmetic) of the other parts, with an fp32 decoder,
     meets ``bars`` end to end vs ``reference`` (the export's eager fp32 backend with upstream's operations)
     over ``click_set(clicks)``. Returns an ``export.mixed.Selection``."""
     import numpy as np
@@ -329,11 +348,16 @@ def select_fp16(model: Sam2ImageModel, cfg: Sam2Config, reference, bars: dict, c
 
     prompts = click_set(clicks)
     ref = Sam2Predictor(reference)
-    parts = fp16_parts(model)
+    emu = EMULATIONS[target]
+    modules = dict(model.named_modules())
+    parts = [p for p in fp16_parts(model) if p in modules or not emu.whole_modules]
 
     def measure(kept: tuple[str, ...]) -> tuple[float, float]:
-        reduced = fp16_weights(model, kept).eval()
+        reduced = emu.reduce(model, kept).eval()
         ious = _ious(ref, Sam2Predictor(GraphBackend(reduced, cfg, decoder_model=model)), prompts)
         return float(min(ious)), float(np.median(ious))
 
-    return select(lambda: rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1]), measure, bars, max_kept, label="fp16")
+    def rank() -> list[dict]:
+        return rank_fp16(model, cfg, parts, CALIBRATION_PHOTOS[:1], emu.reduce)
+
+    return select(rank, measure, bars, max_kept, label="fp16")
