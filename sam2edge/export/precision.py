@@ -6,10 +6,10 @@ ExecuTorch I/O graphs (``XnnEncoderGraph`` / ``XnnDecoderGraph``: same functions
 graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
 
   executorch  fp16 weights and arithmetic in the encoder, its kept parts fp32 (``fp16_arithmetic``, the
-              function ``executorch_graphs.Fp16Encoder`` exports; eager fp16 on the CPU rounds each
-              operation's result as XNNPACK's fp16 kernels do, though its products may accumulate
-              differently, so the export's own check on the real program decides); the decoder graph fp32
-              (decoder.pte is fp32 in an fp16 bundle, ``FP32_KEPT``);
+              function ``executorch_graphs.Fp16Encoder`` exports). Eager fp16 on the CPU underestimates
+              XNNPACK's fp16 error (``benchmarks/executorch_fp16_error.py``, docs/design/precision.md), so the
+              export's own check on the real program decides; the decoder graph fp32 (decoder.pte is fp32 in
+              an fp16 bundle, ``FP32_KEPT``);
   onnx        fp32 arithmetic on fp16-rounded encoder weights, with ONNX's rewrites (native
               LayerNormalization): ``export.onnx_fp16.fp16_storage`` stores the encoder's initializers as fp16
               behind Casts to fp32; fp32 decoder.onnx;
@@ -68,7 +68,7 @@ def fp16_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2Image
 @dataclass(frozen=True)
 class Emulation:
     rewrites: Rewrites  # the target's model build
-    reduce: Callable[[Sam2ImageModel], Sam2ImageModel]  # fp32 model -> reduced-precision model
+    reduce: Callable[..., Sam2ImageModel]  # (fp32 model, parts kept fp32 = ()) -> reduced-precision model
     arithmetic: str  # one line for reports
     decoder_fp32: bool = False  # the fp16 export keeps its decoder graph in fp32 (FP32_KEPT)
     whole_modules: bool = False  # ``reduce`` keeps whole modules fp32 only (not a bare parameter such as pos_embed)
@@ -298,9 +298,9 @@ def rank_fp16(
     model: Sam2ImageModel, cfg: Sam2Config, parts: list[str], photos: tuple[str, ...], reduce: Callable = fp16_weights
 ) -> list[dict]:
     """``parts`` most harmful first: each reduced to fp16 alone (``reduce`` with every other part kept fp32;
-    default: its weights rounded, ``fp16_weights``), the largest relative
-    L2 error it causes on the encoder's three outputs over ``photos`` (one encode per part and photo: a proxy
-    ranking, cheap at full size; ``choose_kept`` then measures end to end)."""
+    default ``fp16_weights``: its weights rounded), the largest relative L2 error it causes on the encoder's three
+    outputs over ``photos`` (one encode per part and photo: a proxy ranking, cheap at full size; ``choose_kept``
+    then measures end to end)."""
     import numpy as np
 
     from sam2edge.checks.fidelity import photo
