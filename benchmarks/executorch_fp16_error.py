@@ -1,13 +1,15 @@
 """How far an ExecuTorch fp16 bundle's encoder is from fp32, beside the eager emulation its export selected with.
 
-    .venv/bin/python benchmarks/executorch_fp16_error.py BUNDLE [--photos coffee.png chelsea.png]
+    .venv/bin/python benchmarks/executorch_fp16_error.py BUNDLE [--photos coffee.png chelsea.png] [--keep PART ...]
 
 For each photo: the relative L2 error (``|a - b| / |b|``) of each encoder output (image embedding, the two
 high-resolution features) against the eager fp32 graph (``XnnEncoderGraph``, the export's rewrites), for the
 bundle's ``encoder.pte`` (XNNPACK's fp16 kernels) and for the emulation the export's fp16 selection runs
 (``export.precision.fp16_arithmetic``: eager fp16 on the CPU), with the bundle's kept parts fp32 in both.
 A program error well above the emulation's means the selection underestimated XNNPACK's fp16 error; the export's
-own check on the real program decides either way. Full size, 2 cores: about 20 s a photo.
+own check on the real program decides either way. ``--keep PART ...`` lowers an encoder program of the bundle's
+checkpoint with those parts fp32 instead (``image_encoder.trunk.blocks.5``: module names under the model), to see
+which parts hold XNNPACK's error; a few minutes at full size. Full size, 2 cores: about 20 s a photo.
 """
 
 from __future__ import annotations
@@ -45,10 +47,48 @@ def _rel(a, ref) -> float:
     return float((a - ref).norm() / ref.norm())
 
 
+def _bundle_encoder(bundle: str):
+    """image (1, 3, S, S) float32 -> the bundle's encoder.pte outputs as tensors."""
+    import torch
+
+    from sam2edge.runtime.backends.executorch import ExecuTorchBackend
+
+    program = ExecuTorchBackend.from_bundle(bundle)
+
+    def encode(x):
+        f = program.encode(x)
+        return [torch.from_numpy(getattr(f, out)) for out in OUTPUTS]
+
+    return encode
+
+
+def _lowered_encoder(model, cfg, keep: tuple[str, ...]):
+    """The fp16 encoder program of ``model`` with ``keep`` fp32, lowered as the export lowers it."""
+    import tempfile
+
+    import torch
+    from executorch.runtime import Runtime
+
+    from sam2edge.export.executorch import lower_program
+    from sam2edge.export.executorch_graphs import Fp16Encoder, XnnEncoderGraph, encoder_inputs
+
+    prog, _ = lower_program(Fp16Encoder(XnnEncoderGraph(model), keep).eval(), encoder_inputs(cfg), "fp16", "encoder")
+    folder = tempfile.TemporaryDirectory(prefix="fp16-encoder-")  # removed when ``encode`` is gone
+    path = Path(folder.name) / "encoder.pte"
+    path.write_bytes(prog.buffer)
+    method = Runtime.get().load_program(str(path)).load_method("forward")
+
+    def encode(x, _folder=folder):
+        return method.execute([torch.from_numpy(x)])
+
+    return encode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", help="an ExecuTorch fp16 bundle folder")
     p.add_argument("--photos", nargs="+", default=["coffee.png", "chelsea.png"], help="fidelity photos by name")
+    p.add_argument("--keep", nargs="+", help="lower an encoder with these parts fp32 instead of the bundle's")
     args = p.parse_args(argv)
     if why := _problem(args):
         print(f"error: {why}", file=sys.stderr)
@@ -63,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     from sam2edge.export.executorch_graphs import XnnEncoderGraph
     from sam2edge.export.precision import fp16_arithmetic
     from sam2edge.model import build_sam2
-    from sam2edge.runtime.backends.executorch import ExecuTorchBackend
     from sam2edge.runtime.preprocess import preprocess
     from sam2edge.weights import load_weights
 
@@ -73,18 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
     model.eval()
-    keep = tuple(card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
+    keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
+    missing = [k for k in keep if k not in dict(model.named_modules())]
+    if missing:
+        print(
+            f"error: --keep {missing[0]}: not a module of the model; use e.g. image_encoder.trunk.blocks.5",
+            file=sys.stderr,
+        )
+        return 2
     fp32, emulated = XnnEncoderGraph(model).eval(), XnnEncoderGraph(fp16_arithmetic(model, keep)).eval()
-    program = ExecuTorchBackend.from_bundle(args.bundle)
+    encode = _bundle_encoder(args.bundle) if args.keep is None else _lowered_encoder(model, cfg, keep)
     print(f"| photo | output | program rel. error | emulation rel. error |  (kept fp32: {', '.join(keep) or 'none'})")
     print("|---|---|---|---|")
     for name in args.photos:
         x = np.ascontiguousarray(preprocess(photo(name), cfg.image_size), dtype=np.float32)
-        got = program.encode(x)
+        got = encode(x)
         with torch.no_grad():
             ref, emu = fp32(torch.from_numpy(x)), emulated(torch.from_numpy(x))
-        for out, r, e in zip(OUTPUTS, ref, emu, strict=True):
-            g = torch.from_numpy(getattr(got, out))
+        for out, g, r, e in zip(OUTPUTS, got, ref, emu, strict=True):
             print(f"| {name} | {out} | {_rel(g, r):.5f} | {_rel(e, r):.5f} |")
     return 0
 

@@ -269,3 +269,13 @@ def test_executorch_fp16_error_refuses_unusable_input_in_one_line(tmp_path, caps
     assert _script("executorch_fp16_error").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
+
+
+def test_executorch_fp16_error_refuses_a_kept_part_that_is_not_a_module(tmp_path, capsys):
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    card = {"target": "executorch", "precision": "fp16", "config": "test-small", "source": {}, "extra": {}}
+    (bundle / "card.json").write_text(json.dumps(card))
+    assert _script("executorch_fp16_error").main([str(bundle), "--keep", "image_encoder.trunk.block"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (torchao's import may print lines before it)
+    assert "--keep image_encoder.trunk.block: not a module" in err and err.startswith("error: "), err
