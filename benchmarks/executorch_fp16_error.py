@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     model.load_state_dict(sd)
     model.eval()
     keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
-    missing = [k for k in keep if k not in dict(model.named_modules())]
+    modules = dict(model.named_modules())
+    missing = [k for k in keep if k not in modules]
     if missing:
         print(
             f"error: --keep {missing[0]}: not a module of the model; use e.g. image_encoder.trunk.blocks.5",
