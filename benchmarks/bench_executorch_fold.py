@@ -23,6 +23,7 @@ from sam2edge.config import get_config, get_video_config
 from sam2edge.export import executorch_lower as lo
 from sam2edge.export import video as vid
 from sam2edge.export.executorch import REWRITES
+from sam2edge.export.half import HalfGraph
 from sam2edge.model.sam2_video import build_sam2_video
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     cfg, vcfg = get_config(args.config), get_video_config(args.config)
     model = build_sam2_video(cfg, vcfg, REWRITES).eval()
     module = vid.MODULES[args.role](model)
-    module = vid.HalfGraph(module) if args.precision == "fp16" else module
+    module = HalfGraph(module) if args.precision == "fp16" else module
     sample = tuple(vid.samples(cfg, vcfg, 8)[args.role].values())
     outs = {}
     for fold in (False, True):

@@ -70,9 +70,9 @@ def _lowered_encoder(model, cfg, keep: tuple[str, ...]):
     from executorch.runtime import Runtime
 
     from sam2edge.export.executorch import lower_program
-    from sam2edge.export.executorch_graphs import Fp16Encoder, XnnEncoderGraph, encoder_inputs
+    from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs, fp16_encoder
 
-    prog, _ = lower_program(Fp16Encoder(XnnEncoderGraph(model), keep).eval(), encoder_inputs(cfg), "fp16", "encoder")
+    prog, _ = lower_program(fp16_encoder(XnnEncoderGraph(model), keep).eval(), encoder_inputs(cfg), "fp16", "encoder")
     folder = tempfile.TemporaryDirectory(prefix="fp16-encoder-")  # removed when ``encode`` is gone
     path = Path(folder.name) / "encoder.pte"
     path.write_bytes(prog.buffer)

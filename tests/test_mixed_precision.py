@@ -232,9 +232,9 @@ def test_int8_selection_keeps_sensitive_layers_until_the_goal_holds(spec):
 
 def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16():
     """ExecuTorch: the XNNPACK quantizer leaves a kept Linear fp32 (one weight dequantisation fewer), and
-    ``Fp16Encoder`` leaves a kept part fp32 (weights and arithmetic), by module name under the graph's model."""
+    ``fp16_encoder`` leaves a kept part fp32 (weights and arithmetic), by module name under the graph's model."""
     from sam2edge.export.executorch import _quantize_int8
-    from sam2edge.export.executorch_graphs import Fp16Encoder
+    from sam2edge.export.executorch_graphs import fp16_encoder
 
     class Graph(torch.nn.Module):  # a graph wrapper holding ``model`` as export.wrappers' graphs do
         def __init__(self) -> None:
@@ -253,12 +253,13 @@ def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16():
         return sum("dequantize_per_channel" in str(n.target) for n in q.graph.nodes if n.op == "call_function")
 
     assert weight_dequants(()) == 2 and weight_dequants(("a",)) == 1 and weight_dequants(("a", "b")) == 0
-    half = Fp16Encoder(graph, keep=("b",))
+    half = fp16_encoder(graph, keep=("b",))
     dtypes = {n: p.dtype for n, p in half.inner.named_parameters()}
     assert dtypes["model.a.weight"] == torch.float16 and dtypes["model.b.module.weight"] == torch.float32, dtypes
     with torch.no_grad():  # b runs fp32 on a's fp16 output: its input rounded to fp16, its product fp32
         hidden = torch.relu(copy.deepcopy(graph.model.a).half()(args[0].half())).float()
-        torch.testing.assert_close(half(*args), graph.model.b(hidden).half().float(), rtol=0, atol=0)
+        (got,) = half(*args)  # HalfGraph: the outputs as a tuple
+        torch.testing.assert_close(got, graph.model.b(hidden).half().float(), rtol=0, atol=0)
     assert {p.dtype for p in graph.parameters()} == {torch.float32}  # the graph it was made from is left as it was
 
 
@@ -353,7 +354,7 @@ def test_fp16_encoder_exports_a_graph_that_reads_a_parameter_directly():
     """A graph reading one of its model's parameters outside a submodule call (EdgeTAM's frame encoder adds
     ``model.no_mem_embed``) survives ``torch.export(...).module()``, which ExecuTorch's lowering calls: the
     wrapper's submodule must not be named ``graph`` (the unlifted GraphModule's own attribute)."""
-    from sam2edge.export.executorch_graphs import Fp16Encoder
+    from sam2edge.export.executorch_graphs import fp16_encoder
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:
@@ -370,10 +371,11 @@ def test_fp16_encoder_exports_a_graph_that_reads_a_parameter_directly():
             return self.model.lin(x) + self.model.embed
 
     graph, x = Graph().eval(), torch.randn(2, 8)
-    module = torch.export.export(Fp16Encoder(graph), (x,)).module()
+    module = torch.export.export(fp16_encoder(graph), (x,)).module()
     m = graph.model
     want = (torch.nn.functional.linear(x.half(), m.lin.weight.half(), m.lin.bias.half()) + m.embed.half()).float()
-    torch.testing.assert_close(module(x), want, rtol=0, atol=0)
+    (got,) = module(x)  # HalfGraph: the outputs as a tuple
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_smoothing_leaves_a_convolutional_trunk_alone():

@@ -87,7 +87,7 @@ def test_executorch_fp16_lowers_fp16_arithmetic_with_a_kept_part_in_fp32():
 
     from sam2edge.config import TEST_SMALL
     from sam2edge.export.executorch import REWRITES, lower_program, parameter_bytes
-    from sam2edge.export.executorch_graphs import Fp16Encoder, XnnEncoderGraph, encoder_inputs
+    from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs, fp16_encoder
     from sam2edge.export.precision import fp16_arithmetic
     from sam2edge.model import build_sam2
     from sam2edge.weights import synthetic_state_dict
@@ -96,7 +96,7 @@ def test_executorch_fp16_lowers_fp16_arithmetic_with_a_kept_part_in_fp32():
     model = build_sam2(TEST_SMALL, REWRITES)
     model.load_state_dict(synthetic_state_dict(TEST_SMALL))
     model.eval()
-    graph = Fp16Encoder(XnnEncoderGraph(model), keep).eval()
+    graph = fp16_encoder(XnnEncoderGraph(model), keep).eval()
     kept = graph.inner.model.image_encoder.trunk.blocks[0].module
     assert {p.dtype for p in kept.parameters()} == {torch.float32}
     assert graph.inner.model.image_encoder.trunk.blocks[1].attn.qkv.weight.dtype == torch.float16

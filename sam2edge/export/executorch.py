@@ -10,7 +10,7 @@ overflow-safe LayerNorm; the graph legalization of ``executorch_lower`` puts Lay
 GELU in the delegate.
 Precisions (I/O fp32 for all):
   fp32  as is;
-  fp16  the encoder in fp16 weights and arithmetic (``Fp16Encoder``: XNNPACK's fp16 kernels, GELU in an exact
+  fp16  the encoder in fp16 weights and arithmetic (``fp16_encoder``: XNNPACK's fp16 kernels, GELU in an exact
         erf-free form), the encoder parts a measured selection keeps fp32 (``export.mixed.fp16_keep``, on the
         eager emulation ``export.precision.fp16_arithmetic``; all-fp16 missed the median bar for an ordinary
         checkpoint); convolutions' weights stay fp32 as XNNPACK serializes them; the decoder stays fp32
@@ -38,7 +38,6 @@ from sam2edge.config import Sam2Config
 from sam2edge.export import batched as bat
 from sam2edge.export import video as vid
 from sam2edge.export.executorch_graphs import (
-    Fp16Encoder,
     XnnBatchedDecoderGraph,
     XnnDecoderGraph,
     XnnEncoderGraph,
@@ -47,6 +46,7 @@ from sam2edge.export.executorch_graphs import (
     batched_decoder_inputs,
     decoder_inputs,
     encoder_inputs,
+    fp16_encoder,
     given_decoder_inputs,
 )
 from sam2edge.export.executorch_lower import lower
@@ -94,7 +94,7 @@ ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
 def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
     model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
-    return model  # fp16: fp32 model, its encoder graph wrapped in Fp16Encoder (fp16 arithmetic)
+    return model  # fp16: fp32 model, its encoder graph wrapped in fp16_encoder (fp16 arithmetic)
 
 
 def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] = ()) -> torch.nn.Module:
@@ -246,7 +246,7 @@ def decoder_model(job) -> Sam2ImageModel:
 
 def _encoder_graph(job) -> torch.nn.Module:
     graph = XnnEncoderGraph(job.model)
-    return Fp16Encoder(graph, fp16_keep(job, "executorch")) if job.precision == "fp16" else graph
+    return fp16_encoder(graph, fp16_keep(job, "executorch")) if job.precision == "fp16" else graph
 
 
 def _graphs(job) -> dict:

@@ -16,7 +16,7 @@ more: the window position embedding (bicubic resize of ``pos_embed`` as two matr
 bicubic weights, plus ``pos_embed_window`` added per window: 25 MB at 1024 if baked), the image positional
 encoding and the no-mask dense embedding (broadcast from its (C,) vector).
 
-At fp16 (``Fp16Encoder``: fp16 weights and arithmetic, measured parts kept fp32) the I/O stays fp32: inputs
+At fp16 (``fp16_encoder``: fp16 weights and arithmetic, measured parts kept fp32) the I/O stays fp32: inputs
 are cast in, outputs cast out, and the sparse prompt tokens are computed in fp32 (pixel coordinates up to 1024
 need more than fp16's 11 bits).
 """
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sam2edge.export.half import HalfGraph
 from sam2edge.model import Sam2ImageModel
 from sam2edge.model.mask_decoder import ImageProjections
 
@@ -208,51 +209,8 @@ def decoder_inputs(cfg, n: int) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _cast(x, dtype: torch.dtype):
-    """``x`` (a tensor, or a tuple / list of them) with its floating tensors cast to ``dtype``."""
-    if isinstance(x, torch.Tensor):
-        return x.to(dtype) if x.is_floating_point() else x
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cast(v, dtype) for v in x)
-    return x
-
-
-class Fp32Island(nn.Module):
-    """``module`` computed in fp32 inside an fp16 graph: floating inputs cast to fp32, floating outputs cast
-    back to fp16. XNNPACK converts no dtypes at this ExecuTorch version (its partitioner refuses a dtype-changing
-    ``_to_dim_order_copy``), so the casts run on the portable kernels and each island is a delegate of its own."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args, **kwargs):
-        kwargs = {k: _cast(v, torch.float32) for k, v in kwargs.items()}
-        return _cast(self.module(*_cast(args, torch.float32), **kwargs), torch.float16)
-
-
-def half_except(module: nn.Module, keep: tuple[str, ...] = ()) -> nn.Module:
-    """A copy of ``module`` with fp16 weights and arithmetic, except the submodules named in ``keep`` (module
-    names under ``module``), which keep their fp32 weights and run fp32 (``Fp32Island``). ``module`` is left
-    as it is."""
-    out = copy.deepcopy(module).half()
-    fp32 = dict(module.named_modules())
-    for name in keep:
-        if name not in fp32:
-            raise KeyError(f"{name!r} is not a submodule (fp16 arithmetic keeps whole modules fp32)")
-        parent, _, leaf = name.rpartition(".")
-        out.get_submodule(parent)._modules[leaf] = Fp32Island(copy.deepcopy(fp32[name]))
-    return out
-
-
-class Fp16Encoder(nn.Module):
+def fp16_encoder(graph: nn.Module, keep: tuple[str, ...] = ()) -> HalfGraph:
     """The encoder graph (``XnnEncoderGraph``) with fp16 weights and arithmetic (XNNPACK's fp16 kernels), the
-    model parts of ``keep`` (``image_encoder.trunk.blocks.3``, names under the graph's ``model``) in fp32.
-    I/O stays fp32: floating inputs are cast in, floating outputs cast out."""
-
-    def __init__(self, graph: nn.Module, keep: tuple[str, ...] = ()) -> None:
-        super().__init__()
-        self.inner = half_except(graph, tuple(f"model.{k}" for k in keep))  # not ``graph``: see ``video.HalfGraph``
-
-    def forward(self, *args: torch.Tensor):
-        return _cast(self.inner(*_cast(args, torch.float16)), torch.float32)
+    model parts of ``keep`` (``image_encoder.trunk.blocks.3``: names under the graph's ``model``) in fp32; I/O
+    fp32 (``half.HalfGraph``)."""
+    return HalfGraph(graph, tuple(f"model.{k}" for k in keep))

@@ -6,7 +6,7 @@ ExecuTorch I/O graphs (``XnnEncoderGraph`` / ``XnnDecoderGraph``: same functions
 graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
 
   executorch  fp16 weights and arithmetic in the encoder, its kept parts fp32 (``fp16_arithmetic``, the
-              function ``executorch_graphs.Fp16Encoder`` exports). Eager fp16 on the CPU underestimates
+              function ``executorch_graphs.fp16_encoder`` exports). Eager fp16 on the CPU underestimates
               XNNPACK's fp16 error (``benchmarks/executorch_fp16_error.py``, docs/design/precision.md), so the
               export's own check on the real program decides; the decoder graph fp32 (decoder.pte is fp32 in
               an fp16 bundle, ``FP32_KEPT``);
@@ -33,7 +33,8 @@ from torch import nn
 
 from sam2edge.config import Sam2Config
 from sam2edge.export.executorch import REWRITES as EXECUTORCH_REWRITES
-from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph, half_except
+from sam2edge.export.executorch_graphs import XnnDecoderGraph, XnnEncoderGraph
+from sam2edge.export.half import half_except
 from sam2edge.export.kept import FP32_KEPT  # noqa: F401  (card data, re-exported)
 from sam2edge.export.onnx import ONNX_REWRITES
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2

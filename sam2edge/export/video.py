@@ -19,7 +19,6 @@ fp32 (upstream's operations), per frame.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from torch import nn
 
 from sam2edge.config import Sam2Config, Sam2VideoConfig
 from sam2edge.errors import UserError
+from sam2edge.export.half import HalfGraph
 from sam2edge.model import UPSTREAM
 from sam2edge.model.sam2_video import Sam2VideoModel, build_sam2_video
 from sam2edge.runtime.backends.litert import TABLE_FILES, write_tables
@@ -146,21 +146,6 @@ def modules(vcfg: Sam2VideoConfig, batched: bool = False) -> dict[str, type[nn.M
     else:
         out = {**MODULES, "memory-attention": TokenMemoryAttentionGraph, "memory-encoder": TokenMemoryEncoderGraph}
     return {**out, **{role + BATCHED: cls for role, cls in out.items()}} if batched else out
-
-
-class HalfGraph(nn.Module):
-    """A graph with fp16 weights and activations; float inputs and outputs stay fp32. (The submodule is not
-    called ``graph``: torch.export's unlifted ``GraphModule`` has its own ``graph`` attribute, and the lifted
-    weights' paths under it then break ``ExportedProgram.module()``, which ExecuTorch's lowering calls.)"""
-
-    def __init__(self, graph: nn.Module) -> None:
-        super().__init__()
-        self.inner = copy.deepcopy(graph).half()
-
-    def forward(self, *args):
-        out = self.inner(*(a.half() if a.is_floating_point() else a for a in args))
-        out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        return tuple(o.float() for o in out)
 
 
 def perceiver_latents(model: Sam2VideoModel) -> torch.Tensor:
