@@ -380,6 +380,7 @@ def test_webgpu_graphs_match_xnnpack_graphs():
             assert m.shape == (1, 3, 128, 128) and iou.shape == (1, 1, 3) and obj.shape == (1, 1, 1)
 
 
+@pytest.mark.slow  # two Vulkan and two XNNPACK lowerings (2 min on 2 busy cores); in CI: the graphs' parity above
 def test_webgpu_bundle_twin_meets_the_bar(tmp_path):
     """Card 004 bundle: WebGPU-lowered programs, tables and manifest; the XNNPACK twin matches upstream (IoU 1.0)."""
     import json
