@@ -1,6 +1,7 @@
 """How far an ExecuTorch fp16 bundle's encoder is from fp32, beside the eager emulation its export selected with.
 
     .venv/bin/python benchmarks/executorch_fp16_error.py BUNDLE [--photos coffee.png chelsea.png] [--keep PART ...]
+        [--attention sdpa]
 
 For each photo: the relative L2 error (``|a - b| / |b|``) of each encoder output (image embedding, the two
 high-resolution features) against the eager fp32 graph (``XnnEncoderGraph``, the export's rewrites), for the
@@ -9,12 +10,16 @@ bundle's ``encoder.pte`` (XNNPACK's fp16 kernels) and for the emulation the expo
 A program error well above the emulation's means the selection underestimated XNNPACK's fp16 error; the export's
 own check on the real program decides either way. ``--keep PART ...`` lowers an encoder program of the bundle's
 checkpoint with those parts fp32 instead (``image_encoder.trunk.blocks.5``: module names under the model), to see
-which parts hold XNNPACK's error; a few minutes at full size. Full size, 2 cores: about 20 s a photo.
+which parts hold XNNPACK's error; a few minutes at full size. ``--attention sdpa`` lowers one whose attention is
+``scaled_dot_product_attention`` (``Rewrites.attention_impl``; the export's is "math", an explicit softmax) and prints
+its delegate count: XNNPACK's fp16 softmax over many tokens is the least exact of its kernels
+(``benchmarks/executorch_fp16_ops.py``). Full size, 2 cores: about 20 s a photo.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -72,7 +77,11 @@ def _lowered_encoder(model, cfg, keep: tuple[str, ...]):
     from sam2edge.export.executorch import lower_program
     from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs, fp16_encoder
 
-    prog, _ = lower_program(fp16_encoder(XnnEncoderGraph(model), keep).eval(), encoder_inputs(cfg), "fp16", "encoder")
+    prog, census = lower_program(
+        fp16_encoder(XnnEncoderGraph(model), keep).eval(), encoder_inputs(cfg), "fp16", "encoder"
+    )
+    c = census.as_dict()
+    print(f"lowered: {len(prog.buffer)} bytes, {c['delegates']} delegates, outside them: {c['outside_delegate']}")
     folder = tempfile.TemporaryDirectory(prefix="fp16-encoder-")  # removed when ``encode`` is gone
     path = Path(folder.name) / "encoder.pte"
     path.write_bytes(prog.buffer)
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bundle", help="an ExecuTorch fp16 bundle folder")
     p.add_argument("--photos", nargs="+", default=["coffee.png", "chelsea.png"], help="fidelity photos by name")
     p.add_argument("--keep", nargs="+", help="lower an encoder with these parts fp32 instead of the bundle's")
+    p.add_argument("--attention", choices=("math", "sdpa"), help="lower an encoder with this attention form")
     args = p.parse_args(argv)
     if why := _problem(args):
         print(f"error: {why}", file=sys.stderr)
@@ -112,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
     model.eval()
+    lowered = build_sam2(cfg, dataclasses.replace(REWRITES, attention_impl=args.attention or REWRITES.attention_impl))
+    lowered.load_state_dict(sd)
+    lowered.eval()
     keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
     modules = dict(model.named_modules())
     missing = [k for k in keep if k not in modules]
@@ -122,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     fp32, emulated = XnnEncoderGraph(model).eval(), XnnEncoderGraph(fp16_arithmetic(model, keep)).eval()
-    encode = _bundle_encoder(args.bundle) if args.keep is None else _lowered_encoder(model, cfg, keep)
+    bundle = args.keep is None and args.attention is None
+    encode = _bundle_encoder(args.bundle) if bundle else _lowered_encoder(lowered, cfg, keep)
     print(f"| photo | output | program rel. error | emulation rel. error |  (kept fp32: {', '.join(keep) or 'none'})")
     print("|---|---|---|---|")
     for name in args.photos:
