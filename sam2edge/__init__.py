@@ -9,7 +9,14 @@ needs no optional extra::
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
+
+# Import-time notices of the toolchains that are not about the user's work: torchao's optional CUDA kernels that this
+# CPU build cannot load, and torch's pytree deprecation notice for an enum torchao registers. Left on, they come
+# before every one-line error of an ExecuTorch command. Errors from these loggers still show.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 __version__ = "0.2.0"
 

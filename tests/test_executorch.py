@@ -345,8 +345,24 @@ def test_bad_inputs_one_line_errors(fp32, tmp_path):
             timeout=300,
         )
         assert r.returncode == 2, r.stderr[-500:]
+        # one error line; the ExecuTorch runtime's own C++ notices at its start (cpuinfo) print to the same stream
         lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-500:]
+
+
+def test_int8_export_of_a_file_that_is_not_a_checkpoint_says_so_alone(tmp_path):
+    """``export --target executorch --precision int8`` imports ExecuTorch's and torchao's quantizer stack, whose
+    import-time notices (torchao's CUDA kernels, torch's pytree) came before the error: stderr is the error alone."""
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    argv = ["export", "--target", "executorch", "--precision", "int8", "--config", "test-small"]
+    argv += ["--checkpoint", str(text), "--out", str(tmp_path / "b")]
+    r = subprocess.run([sys.executable, "-m", "sam2edge", *argv], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and not (tmp_path / "b").exists(), r.stderr[-500:]
+    assert r.stderr.strip().splitlines() == [
+        f"error: cannot read checkpoint {text}: Weights only load failed; the file is truncated or not a "
+        "PyTorch/safetensors checkpoint (re-download it)"
+    ], r.stderr[-800:]
 
 
 def test_webgpu_graphs_match_xnnpack_graphs():

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from sam2edge.config import CONFIGS, Sam2Config
-from sam2edge.errors import UserError
+from sam2edge.errors import UserError, first_sentence
 
 # format -> (trunk prefix, FPN lateral conv of the lowest-resolution level, whose out-channels = d_model)
 _LAYOUT = {
@@ -128,7 +128,7 @@ def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
         except RuntimeError:  # legacy (non-zip) .pt files cannot be memory-mapped
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
-        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        reason = first_sentence(e)
         raise SizeError(
             f"cannot read checkpoint {path}: {reason}; the file is truncated or not a PyTorch/safetensors checkpoint"
             " (re-download it)"
