@@ -69,8 +69,6 @@ def _bundle_encoder(bundle: str):
 
 def _lowered_encoder(model, cfg, keep: tuple[str, ...]):
     """The fp16 encoder program of ``model`` with ``keep`` fp32, lowered as the export lowers it."""
-    import tempfile
-
     import torch
     from executorch.runtime import Runtime
 
@@ -82,12 +80,10 @@ def _lowered_encoder(model, cfg, keep: tuple[str, ...]):
     )
     c = census.as_dict()
     print(f"lowered: {len(prog.buffer)} bytes, {c['delegates']} delegates, outside them: {c['outside_delegate']}")
-    folder = tempfile.TemporaryDirectory(prefix="fp16-encoder-")  # removed when ``encode`` is gone
-    path = Path(folder.name) / "encoder.pte"
-    path.write_bytes(prog.buffer)
-    method = Runtime.get().load_program(str(path)).load_method("forward")
+    data = prog.buffer  # the loaded program reads these bytes in place: ``encode`` holds them (else a segfault)
+    method = Runtime.get().load_program(data).load_method("forward")
 
-    def encode(x, _folder=folder):
+    def encode(x, _data=data):
         return method.execute([torch.from_numpy(x)])
 
     return encode
@@ -122,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     model = build_sam2(cfg, REWRITES)
     model.load_state_dict(sd)
     model.eval()
-    lowered = build_sam2(cfg, dataclasses.replace(REWRITES, attention_impl=args.attention or REWRITES.attention_impl))
-    lowered.load_state_dict(sd)
-    lowered.eval()
+    lowered = model  # the model --keep / --attention lower: the export's, or one with the other attention form
+    if args.attention not in (None, REWRITES.attention_impl):
+        lowered = build_sam2(cfg, dataclasses.replace(REWRITES, attention_impl=args.attention))
+        lowered.load_state_dict(sd)
+        lowered.eval()
     keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
     modules = dict(model.named_modules())
     missing = [k for k in keep if k not in modules]

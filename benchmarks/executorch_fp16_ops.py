@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -84,10 +82,8 @@ def lowered(graph: nn.Module, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
     from sam2edge.export.half import HalfGraph
 
     program, _ = lower_program(HalfGraph(graph).eval(), args, "fp16", "encoder")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "graph.pte"
-        path.write_bytes(program.buffer)
-        return Runtime.get().load_program(str(path)).load_method("forward").execute(list(args))[0]
+    data = program.buffer  # read in place by the loaded program: held until it has run
+    return Runtime.get().load_program(data).load_method("forward").execute(list(args))[0]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -271,6 +271,22 @@ def test_executorch_fp16_error_refuses_unusable_input_in_one_line(tmp_path, caps
     assert needle in err and "\n" not in err and err.startswith("error: "), err
 
 
+@pytest.mark.parametrize(
+    "script, argv, needle",
+    [
+        ("executorch_fp16_error", ["b", "--attention", "flash"], "argument --attention: invalid choice: 'flash'"),
+        ("executorch_fp16_ops", ["--attention", "sdpa"], "unrecognized arguments: --attention sdpa"),
+    ],
+)
+def test_executorch_fp16_scripts_refuse_unknown_arguments(capsys, script, argv, needle):
+    """An attention form the error script does not lower, or an argument the operation table does not take:
+    argparse's error line (after its usage), exit 2, before anything is loaded or lowered."""
+    with pytest.raises(SystemExit) as e:
+        _script(script).main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "error: " in err and needle in err, err
+
+
 def test_executorch_fp16_error_refuses_a_kept_part_that_is_not_a_module(tmp_path, capsys):
     bundle = tmp_path / "b"
     bundle.mkdir()

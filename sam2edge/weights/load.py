@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from sam2edge.config import HIERA_TINY, Sam2Config
-from sam2edge.errors import UserError, first_sentence
+from sam2edge.errors import UserError
 from sam2edge.model import build_sam2
 from sam2edge.weights.keymap import HF_ALIASES, hf_name, is_video_only
-from sam2edge.weights.sizes import check_size
+from sam2edge.weights.sizes import check_size, unreadable_checkpoint
 
 HUB_ID = "facebook/sam2.1-hiera-tiny"
 OFFICIAL_SHA256 = {
@@ -62,11 +62,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], str]:
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
             sd = obj["model"] if isinstance(obj, dict) and "model" in obj else obj
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
-        reason = first_sentence(e)
-        raise WeightsError(
-            f"cannot read checkpoint {path}: {reason}; the file is truncated or not a PyTorch/safetensors checkpoint"
-            " (re-download it)"
-        ) from None
+        raise WeightsError(unreadable_checkpoint(path, e)) from None
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise WeightsError(
             f"checkpoint {path} holds no tensor state dict;"

@@ -114,6 +114,14 @@ def detect_config(sd: Mapping[str, torch.Tensor | tuple[int, ...]], source: str 
     return sorted(matches, key=lambda n: n.startswith("test-"))[0]
 
 
+def unreadable_checkpoint(path: str | Path, e: BaseException) -> str:
+    """The one-line message for a checkpoint file its reader (torch.load / safetensors) failed on with ``e``."""
+    return (
+        f"cannot read checkpoint {path}: {first_sentence(e)}; the file is truncated or not a PyTorch/safetensors"
+        " checkpoint (re-download it)"
+    )
+
+
 def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """{name: shape} of a .pt / .safetensors file without reading its data where the format allows."""
     path = Path(path)
@@ -128,11 +136,7 @@ def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
         except RuntimeError:  # legacy (non-zip) .pt files cannot be memory-mapped
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
-        reason = first_sentence(e)
-        raise SizeError(
-            f"cannot read checkpoint {path}: {reason}; the file is truncated or not a PyTorch/safetensors checkpoint"
-            " (re-download it)"
-        ) from None
+        raise SizeError(unreadable_checkpoint(path, e)) from None
     sd = obj["model"] if isinstance(obj, dict) and "model" in obj else obj
     if not isinstance(sd, dict):
         raise SizeError(f"checkpoint {path} holds no tensor state dict; pass a SAM 2.1 .pt or model.safetensors")
