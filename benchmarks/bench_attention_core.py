@@ -1,12 +1,15 @@
-"""One full-size memory cross-attention core, LiteRT with the queries in chunks vs whole, and onnxruntime.
+"""One full-size attention core, LiteRT with the queries in chunks vs whole, and onnxruntime.
 
-    python benchmarks/bench_attention_core.py [--chunks 4096,1024,256,64] [--runs 5] [--threads 2]
+    python benchmarks/bench_attention_core.py [--core memory|image] [--chunks 4096,1024,256,64] [--runs 5]
+        [--threads 2]
 
-The core is the memory attention's per-layer hot spot at 1024 px (Hiera-Tiny, 7 memory slots + 16 pointers):
-q (1, 4096, 256) @ kT (1, 256, 28736) -> softmax -> @ v (1, 28736, 64). A chunk of n query rows is computed on
-its own (exact: rows are independent), which keeps its scores small enough for the cache. Each form is
-converted with litert-torch, checked against eager, and timed with ``invoke`` interleaved (inputs set once);
-the same core as one onnxruntime session is timed beside it. Nothing else should run meanwhile.
+``memory`` (default) is the memory attention's per-layer hot spot at 1024 px (Hiera-Tiny, 7 memory slots + 16
+pointers): q (1, 4096, 256) @ kT (1, 256, 28736) -> softmax -> @ v (1, 28736, 64). ``image`` is one of Hiera-Tiny's
+three global-attention blocks at 1024 px: 4 heads of q (4, 4096, 96) @ kT (4, 96, 4096) -> softmax -> @ v. A chunk of
+n query rows is computed on its own (exact: rows are independent), which keeps its scores small enough for the cache
+(``Rewrites.query_chunk`` / ``image_query_chunk``). Each form is converted with litert-torch, checked against eager,
+and timed with ``invoke`` interleaved (inputs set once); the same core as one onnxruntime session is timed beside it.
+Nothing else should run meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from torch import nn
 from sam2edge.export.litert import convert_graph
 from sam2edge.runtime.backends.onnx import make_session
 
-SHAPES = {"q": (1, 4096, 256), "kt": (1, 256, 28736), "v": (1, 28736, 64)}
+CORES = {  # core -> input shapes
+    "memory": {"q": (1, 4096, 256), "kt": (1, 256, 28736), "v": (1, 28736, 64)},
+    "image": {"q": (4, 4096, 96), "kt": (4, 96, 4096), "v": (4, 4096, 96)},
+}
 
 
 class Core(nn.Module):
@@ -37,7 +43,7 @@ class Core(nn.Module):
 
     def forward(self, q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         outs = [torch.softmax(q[:, i : i + self.chunk] @ kt, -1) @ v for i in range(0, q.shape[1], self.chunk)]
-        return torch.cat(outs, 1) if len(outs) > 1 else outs[0]  # (1, 4096, 64)
+        return torch.cat(outs, 1) if len(outs) > 1 else outs[0]  # (B, 4096, dv)
 
 
 def onnx_ms(inputs: dict[str, torch.Tensor], folder: Path, threads: int, runs: int) -> float:
@@ -58,9 +64,10 @@ def main() -> None:
     ap.add_argument("--chunks", default="4096,1024,256,64", help="query rows per chunk, comma list")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--core", choices=list(CORES), default="memory", help="which attention core (module doc)")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
-    inputs = {k: torch.randn(*s, generator=g) * (1.0 if k == "v" else 0.05) for k, s in SHAPES.items()}
+    inputs = {k: torch.randn(*s, generator=g) * (1.0 if k == "v" else 0.05) for k, s in CORES[args.core].items()}
     ref = Core(4096)(**inputs).numpy()
     with tempfile.TemporaryDirectory() as tmp:
         interpreters = {}

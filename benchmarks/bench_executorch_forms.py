@@ -1,6 +1,7 @@
 """ExecuTorch XNNPACK: the decoder and encoder programs in their earlier and current forms, side by side at full size.
 
     python benchmarks/bench_executorch_forms.py [--graph decoder|encoder] [--int8] [--runs 40] [--profile]
+        [--forms NAME ...]
 
 Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask input):
   one program, before   ``decoder.pte`` in its earlier form: Rewrites(transposed_conv="matmul"), the
@@ -12,8 +13,9 @@ Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask i
   given, now            ``decoder_cpu.pte`` as shipped: what the runtime runs per click
 Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (the earlier form) or as
 elementwise maxima in place (``Rewrites.q_pool = "maxima"``); the q / k / v projection fused and sliced (until
-the maxima form) or as three products (``Rewrites.qkv = "split"``, shipped). ``--int8``: each encoder form
-quantised as the int8 export quantises it (``executorch._quantize_int8``).
+the maxima form) or as three products (``Rewrites.qkv = "split"``, shipped); the global attention whole (shipped)
+or in 512 / 1024-query slices (``Rewrites.image_query_chunk``, as ONNX runs it). ``--int8``: each encoder form
+quantised as the int8 export quantises it (``executorch._quantize_int8``); ``--forms`` picks forms by name.
 
 Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
 compared with the first form's (largest difference relative to its scale), then all are timed in interleaved
@@ -92,18 +94,23 @@ def decoder_forms(cfg, sd: dict) -> dict[str, tuple[torch.nn.Module, tuple]]:
     }
 
 
-ENCODER_FORMS = {  # name: (Rewrites.q_pool, Rewrites.qkv)
-    "max_pool2d, fused": ("max_pool", "fused"),  # the earlier form
-    "maxima, fused": ("maxima", "fused"),  # pooling rewritten only
-    "maxima, split": ("maxima", "split"),  # now
+ENCODER_FORMS = {  # name: Rewrites fields that differ from executorch.REWRITES
+    "max_pool2d, fused": {"q_pool": "max_pool", "qkv": "fused"},  # the earlier form
+    "maxima, fused": {"qkv": "fused"},  # pooling rewritten only
+    "maxima, split": {},  # now
+    "maxima, split, 512-query slices": {"image_query_chunk": 512},  # global attention as ONNX runs it
+    "maxima, split, 1024-query slices": {"image_query_chunk": 1024},
 }
 
 
-def encoder_forms(cfg, sd: dict, int8: bool = False) -> dict[str, tuple[torch.nn.Module, tuple]]:
-    """The encoder in each form of ``ENCODER_FORMS`` on weights ``sd`` (``int8``: quantised as exported)."""
+def encoder_forms(cfg, sd: dict, int8: bool = False, names=None) -> dict[str, tuple[torch.nn.Module, tuple]]:
+    """The encoder in each form of ``ENCODER_FORMS`` (or those ``names``) on weights ``sd`` (``int8``: quantised as
+    exported)."""
     forms, image = {}, encoder_inputs(cfg)  # one image for all
-    for name, (pool, qkv) in ENCODER_FORMS.items():
-        model = build_sam2(cfg, dataclasses.replace(REWRITES, q_pool=pool, qkv=qkv)).eval()
+    for name, fields in ENCODER_FORMS.items():
+        if names and name not in names:
+            continue
+        model = build_sam2(cfg, dataclasses.replace(REWRITES, **fields)).eval()
         model.load_state_dict(sd)
         graph = XnnEncoderGraph(model).eval()
         forms[name] = (_quantize_int8(graph, image) if int8 else graph, image)
@@ -116,11 +123,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--int8", action="store_true", help="encoder forms quantised as the int8 export does")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--forms", nargs="+", choices=list(ENCODER_FORMS), help="encoder forms to lower (default: all)")
     args = ap.parse_args()
     cfg = get_config("sam2.1-hiera-tiny")
     torch.manual_seed(0)
     sd = {k: torch.randn_like(v) * 0.05 for k, v in build_sam2(cfg, REWRITES).state_dict().items()}
-    forms = decoder_forms(cfg, sd) if args.graph == "decoder" else encoder_forms(cfg, sd, args.int8)
+    forms = decoder_forms(cfg, sd) if args.graph == "decoder" else encoder_forms(cfg, sd, args.int8, args.forms)
     with tempfile.TemporaryDirectory() as tmp:
         methods, files = {}, {}
         for i, (form, (graph, sample)) in enumerate(forms.items()):

@@ -1,7 +1,7 @@
 """How far an ExecuTorch fp16 bundle's encoder is from fp32, beside the eager emulation its export selected with.
 
     .venv/bin/python benchmarks/executorch_fp16_error.py BUNDLE [--photos coffee.png chelsea.png] [--keep PART ...]
-        [--attention sdpa]
+        [--attention sdpa] [--softmax shifted]
 
 For each photo: the relative L2 error (``|a - b| / |b|``) of each encoder output (image embedding, the two
 high-resolution features) against the eager fp32 graph (``XnnEncoderGraph``, the export's rewrites), for the
@@ -13,7 +13,8 @@ checkpoint with those parts fp32 instead (``image_encoder.trunk.blocks.5``: modu
 which parts hold XNNPACK's error; a few minutes at full size. ``--attention sdpa`` lowers one whose attention is
 ``scaled_dot_product_attention`` (``Rewrites.attention_impl``; the export's is "math", an explicit softmax) and prints
 its delegate count: XNNPACK's fp16 softmax over many tokens is the least exact of its kernels
-(``benchmarks/executorch_fp16_ops.py``). Full size, 2 cores: about 20 s a photo.
+(``benchmarks/executorch_fp16_ops.py``); ``--softmax native|shifted`` lowers one with that softmax form
+(``Rewrites.softmax``). Both start from the bundle's own rewrites (its card). Full size, 2 cores: about 20 s a photo.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--photos", nargs="+", default=["coffee.png", "chelsea.png"], help="fidelity photos by name")
     p.add_argument("--keep", nargs="+", help="lower an encoder with these parts fp32 instead of the bundle's")
     p.add_argument("--attention", choices=("math", "sdpa"), help="lower an encoder with this attention form")
+    p.add_argument("--softmax", choices=("native", "shifted"), help="lower an encoder with this softmax form")
     args = p.parse_args(argv)
     if why := _problem(args):
         print(f"error: {why}", file=sys.stderr)
@@ -115,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     card = json.loads((Path(args.bundle) / "card.json").read_text())
     cfg = get_config(card["config"])
     sd, _ = load_weights(card["source"].get("checkpoint") or None, cfg)
-    model = build_sam2(cfg, REWRITES)
+    recorded = card.get("extra", {}).get("rewrites") or {}  # the bundle's model build, as its card records it
+    built = dataclasses.replace(REWRITES, **{k: v for k, v in recorded.items() if k in REWRITES.__dataclass_fields__})
+    model = build_sam2(cfg, built)
     model.load_state_dict(sd)
     model.eval()
-    lowered = model  # the model --keep / --attention lower: the export's, or one with the other attention form
-    if args.attention not in (None, REWRITES.attention_impl):
-        lowered = build_sam2(cfg, dataclasses.replace(REWRITES, attention_impl=args.attention))
+    forms = {k: v for k, v in (("attention_impl", args.attention), ("softmax", args.softmax)) if v is not None}
+    lowered = model  # the model --keep / --attention / --softmax lower: the bundle's, or one with other forms
+    if dataclasses.replace(built, **forms) != built:
+        lowered = build_sam2(cfg, dataclasses.replace(built, **forms))
         lowered.load_state_dict(sd)
         lowered.eval()
     keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     fp32, emulated = XnnEncoderGraph(model).eval(), XnnEncoderGraph(fp16_arithmetic(model, keep)).eval()
-    bundle = args.keep is None and args.attention is None
+    bundle = args.keep is None and not forms
     encode = _bundle_encoder(args.bundle) if bundle else _lowered_encoder(lowered, cfg, keep)
     print(f"| photo | output | program rel. error | emulation rel. error |  (kept fp32: {', '.join(keep) or 'none'})")
     print("|---|---|---|---|")

@@ -7,9 +7,10 @@ arithmetic, fp32 I/O; ``executorch.lower_program``) and prints its relative L2 e
 fp32 eager, beside eager fp16 on the CPU (what ``export.precision.fp16_arithmetic``, the fp16 selection's emulation,
 computes). The shapes are the full-size Hiera-Tiny encoder's: LayerNorm and mean over 96 (stage 1) and 768
 (stage 4) channels of a 4096-token map, softmax over 256 (a windowed block's keys) and 4096 tokens (a global block
-at stage 3), products with 96 to 3072 terms, GELU. Where the program's error is well above eager fp16's, the eager
-emulation underestimates XNNPACK and the export's own check on the real program refuses what the emulation
-passed (docs/design/precision.md). About 2 minutes on 2 cores.
+at stage 3; also in the shifted form, ``Rewrites.softmax``), products with 96 to 3072 terms, GELU. Where the
+program's error is well above eager fp16's, the eager emulation underestimates XNNPACK and the export's own check on
+the real program refuses what the emulation passed (docs/design/precision.md). XNNPACK's fp16 kernels differ by CPU
+(fp16 arithmetic native, or through fp32): the first line printed names this one's. About 2 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ class Mean(nn.Module):
 class Softmax(nn.Module):
     def forward(self, x):
         return torch.softmax(x, -1)
+
+
+class ShiftedSoftmax(nn.Module):
+    def forward(self, x):
+        from sam2edge.model.layers import Rewrites, softmax_keys
+
+        return softmax_keys(x, Rewrites(softmax="shifted"))
 
 
 class Sdpa(nn.Module):
@@ -64,7 +72,9 @@ def cases() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]]:
             out[f"LayerNorm ({form}), {c} channels"] = (norm, (x,))
         out[f"mean over {c} channels"] = (Mean(), (x,))
     for t in (256, 4096):
-        out[f"softmax over {t} tokens"] = (Softmax(), (torch.randn(1, 1, 64, t, generator=g) * 4,))
+        scores = torch.randn(1, 1, 64, t, generator=g) * 4
+        out[f"softmax over {t} tokens"] = (Softmax(), (scores,))
+        out[f"softmax over {t} tokens, shifted (``Rewrites.softmax``)"] = (ShiftedSoftmax(), (scores,))
         q, k, v = (torch.randn(1, 1, t, 64, generator=g) for _ in range(3))  # (B, heads, tokens, head dim)
         out[f"SDPA over {t} tokens"] = (Sdpa(), (q, k, v))
     for k in (96, 768, 3072):
@@ -92,9 +102,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    from sam2edge.checks.bench.records import machine
     from sam2edge.export.half import HalfGraph
 
     torch.set_num_threads(1)
+    m = machine()  # XNNPACK's fp16 kernels differ by the CPU's fp16 arithmetic
+    print(f"{m['cpu']}, fp16 arithmetic {m['fp16_arithmetic']}\n")
     print("| graph | eager fp16 | XNNPACK fp16 | ratio |\n|---|---|---|---|")
     for name, (graph, args) in cases().items():
         with torch.no_grad():

@@ -81,6 +81,18 @@ def _row(card: dict, name: str) -> dict:
     }
 
 
+def _vnni_row(card: dict, name: str) -> dict | None:
+    """An ONNX int8 bundle's ``encoder_vnni.onnx`` (what a VNNI CPU runs) as a row of its own: its activations
+    (static or dynamic) and its own check (``checks.int8_vnni``); None where the export made no such file."""
+    vnni = (card["fidelity"].get("checks") or {}).get("int8_vnni") or {}
+    if "end_to_end" not in vnni:
+        return None
+    row = _row({**card, "fidelity": {"end_to_end": vnni["end_to_end"]}}, name)
+    activations = vnni.get("int8") or (card.get("extra", {}).get("int8_activations") or {}).get("mode", "dynamic")
+    ships = "yes" if vnni["shipped"] else "no (left out of the bundle)"
+    return {**row, "precision": f"int8, encoder_vnni.onnx ({activations} activations)", "ships": ships}
+
+
 def _portable(command: str) -> str:
     """The card's command with this machine's folders named by role: the set's as SET, the bundle's as DIR."""
     command = re.sub(r"--checkpoint \S*/([^/\s]+)", r"--checkpoint SET/\1", command)
@@ -102,7 +114,8 @@ def record(args) -> int:
             card = json.loads(card_path.read_text())
             card["fidelity"] = json.loads((folder / "fidelity.json").read_text())
             checkpoint = card["source"].get("checkpoint")  # None: the project's synthetic weights
-            rows.append(_row(card, Path(checkpoint).stem if checkpoint else folder.name.split("--")[0]))
+            name = Path(checkpoint).stem if checkpoint else folder.name.split("--")[0]
+            rows += [r for r in (_row(card, name), _vnni_row(card, name)) if r]
     rec = {
         "schema": SCHEMA,
         "id": args.id,
@@ -204,6 +217,23 @@ def _goals(int8: list[tuple[dict, dict]], peer: dict, fp32: dict[str, dict], bou
     )
 
 
+def _ran_check(fidelity: dict, machine: dict) -> dict:
+    """The export's end-to-end check of the encoder file the bench ran: an ONNX bundle's ``encoder_vnni.onnx``
+    (``checks.int8_vnni``) on a CPU with VNNI where that file shipped, else the bundle's own."""
+    from sam2edge.runtime.backends.onnx import VNNI_FLAGS
+
+    vnni = (fidelity.get("checks") or {}).get("int8_vnni") or {}
+    if vnni.get("shipped") and set(VNNI_FLAGS) & set(machine.get("vector_extensions") or ()):
+        return vnni["end_to_end"]
+    return fidelity["end_to_end"]
+
+
+def _activations(card: dict) -> str:
+    """', static activations' for an ONNX int8 bundle whose VNNI encoder ships calibrated ranges; else ''."""
+    act = card.get("extra", {}).get("int8_activations") or {}
+    return ", static activations" if act.get("shipped") == "static" else ""
+
+
 def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dict) -> str | None:
     """What makes ``speed``'s input unusable, in one line (None: nothing)."""
     if not subjects:
@@ -246,10 +276,10 @@ def speed(args) -> int:
         if s.get("bundle"):
             folder = Path(s["bundle"]["path"])
             card = json.loads((folder / "card.json").read_text())
-            e2e = json.loads((folder / "fidelity.json").read_text())["end_to_end"]
+            e2e = _ran_check(json.loads((folder / "fidelity.json").read_text()), s["machine"])
             mixed = card.get("extra", {}).get("mixed_precision")
             row.update(
-                bundle=f"{card['target']} {card['precision']}",
+                bundle=f"{card['target']} {card['precision']}{_activations(card)}",
                 checkpoint=_weights_name(card, manifest),
                 kept=str(len(mixed["kept_fp32"])) if mixed else "-",
                 mask_iou=f"{e2e['iou_worst']:.4f} ({e2e['iou_median']:.4f})",

@@ -240,4 +240,9 @@ def test_card_precision_section_shows_measured_iou_and_fp32_kept():
     text = "\n".join(precision_section({"precision": "fp16", "extra": {}}, fid16))
     assert "| mask IoU median | 0.99850 | >= 0.999 | FAIL |" in text and "not recorded" in text
     assert precision_section({"precision": "fp32"}, fid) == []
+    # an ExecuTorch fp16 card names the CPU its check ran on and how that CPU computes fp16
+    fid16["machine"] = {"cpu": "AMD EPYC", "fp16_arithmetic": "through fp32"}
+    text = "\n".join(precision_section({"precision": "fp16", "target": "executorch", "extra": {}}, fid16))
+    assert "upstream operations) on AMD EPYC, fp16 arithmetic through fp32:" in text and "sam2edge verify" in text
+    assert "sam2edge verify" not in "\n".join(precision_section({"precision": "fp16", "target": "onnx"}, fid16))
     assert fp32_kept("executorch", "fp16") and fp32_kept("onnx", "fp16") and not fp32_kept("litert", "fp32")

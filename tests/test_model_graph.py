@@ -39,7 +39,8 @@ ALL_REWRITES = (
     + [Rewrites(qkv="split"), Rewrites(qkv="split", q_pool="maxima", layer_norm="native", attention_rank=3)]
     + [Rewrites(attention_impl="ort_mha"), Rewrites(attention_impl="ort_mha", token_fold="folded", layer_norm="native")]
     + [Rewrites(image_query_chunk=48), Rewrites(image_query_chunk=48, qkv="split", attention_rank=3)]
-)  # Hiera's q/k/v projection; onnxruntime's fused attention; Hiera's global attention in query slices
+    + [Rewrites(softmax="shifted"), Rewrites(softmax="shifted", attention_rank=3, image_query_chunk=48)]
+)  # Hiera's q/k/v projection; onnxruntime's fused attention; Hiera's global attention in query slices; the softmax
 
 
 @pytest.fixture(scope="module")

@@ -224,6 +224,8 @@ def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
     assert "## Reduced precision (fp16)" in text and "Kept in fp32, and why:" in text
     assert f"| mask IoU worst | {e2e['iou_worst']:.5f} | >= 0.99 | pass |" in text
     assert f"| mask IoU median | {e2e['iou_median']:.5f} | >= 0.999 |" in text
+    machine = card["fidelity"]["machine"]  # the CPU the check ran on, and how it computes fp16
+    assert machine["fp16_arithmetic"] in ("native", "through fp32") and f"on {machine['cpu']}, fp16 arithmetic" in text
     assert (
         "| decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder) | in fp16 the two-way transformer"
         in text

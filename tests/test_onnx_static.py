@@ -114,7 +114,8 @@ def test_int8_flag_reaches_the_export_and_the_card_command(tmp_path: Path, monke
     args = ["export", "--target", "onnx", "--precision", "int8", "--config", "test-small", "--out", str(tmp_path / "b")]
     assert main([*args, "--int8", "static"]) == 2
     assert seen["options"] == {"int8": "static"} and "--int8 static" in seen["command"]
-    assert main(args) == 2 and seen["options"] is None  # dynamic: the default
+    assert main(args) == 2 and seen["options"] is None  # the default mode (st.DEFAULT_MODE: static)
+    assert main([*args, "--int8", "dynamic"]) == 2 and seen["options"] == {"int8": "dynamic"}
 
 
 def test_unknown_int8_mode_is_one_line(tmp_path: Path) -> None:

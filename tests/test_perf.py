@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from sam2edge.checks.bench.bench import vector_extensions
 from sam2edge.checks.bench.bound import model_flops
 from sam2edge.checks.bench.profile import NodeTime, ort_node_times, summarise
-from sam2edge.checks.bench.records import add_scaling, machine
+from sam2edge.checks.bench.records import add_scaling, fp16_arithmetic, machine
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
 from sam2edge.errors import UserError
@@ -119,6 +119,9 @@ def test_vector_extensions_and_thread_scaling() -> None:
     assert vector_extensions(x86) == ["avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"]
     assert vector_extensions("Features\t: fp asimd asimddp i8mm sve\n") == ["asimd", "asimddp", "sve", "i8mm"]
     assert vector_extensions("") == []
+    assert fp16_arithmetic(vector_extensions(x86)) == "through fp32"
+    assert fp16_arithmetic(["asimd", "asimdhp"]) == "native"
+    assert fp16_arithmetic(["f16c", "avx512_fp16"]) == "native"
     recs = [
         {"subject": "s", "threads": t, "encoder_ms": {"median": e}, "decoder_ms": {"median": d}}
         for t, e, d in ((1, 100.0, 10.0), (2, 50.0, 8.0))
@@ -210,10 +213,15 @@ def test_onnx_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     assert {"convert encoder.onnx", "check optimization", "fidelity"} <= set(card["extra"]["stage_seconds"])
     assert _weight_dtypes(out / "encoder.onnx") == {onnx.TensorProto.UINT8}  # u8 x u8: exact on every CPU
     vnni, roles = card["fidelity"]["checks"]["int8_vnni"], {a["role"]: a["file"] for a in card["artifacts"]}
-    if has_vnni():  # u8 x s8 measured on the kernels that run it, at the same bars
+    if has_vnni():  # s8 static (the default) or u8 x s8 dynamic, measured on the kernels that run it, same bars
         assert vnni["shipped"] and roles["encoder-vnni"] == "encoder_vnni.onnx"
         assert vnni["end_to_end"]["iou_worst"] >= 0.95 and vnni["end_to_end"]["clicks"] >= 40
-        assert _weight_dtypes(out / "encoder_vnni.onnx") == {onnx.TensorProto.INT8}
+        assert card["extra"]["int8_activations"]["mode"] == "static"
+        vnni_ops = {n.op_type for n in onnx.load(str(out / "encoder_vnni.onnx")).graph.node}
+        if vnni["int8"] == "static":  # calibrated ranges: a QDQ graph, no range measured per call
+            assert "QuantizeLinear" in vnni_ops and "DynamicQuantizeLinear" not in vnni_ops
+        else:  # the static file missed a bar: the dynamic s8 file shipped in its place
+            assert _weight_dtypes(out / "encoder_vnni.onnx") == {onnx.TensorProto.INT8}
         assert OnnxBackend.from_bundle(out).encoder_role == "encoder-vnni"
     else:
         assert not vnni["shipped"] and "no VNNI" in vnni["why"] and "encoder-vnni" not in roles

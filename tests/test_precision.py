@@ -82,9 +82,12 @@ def test_executorch_fp16_lowers_fp16_arithmetic_with_a_kept_part_in_fp32():
     """The ExecuTorch fp16 encoder as the export lowers it (test-small): fp16 weights and arithmetic in the
     XNNPACK delegates, one kept block fp32 in a delegate of its own (its casts on the portable kernels), a
     program well under the fp32 parameters' bytes, and outputs of fp16's error against fp32: visibly not fp32 (so
-    the check can fail), no closer than the eager emulation the selection runs (``fp16_arithmetic``)."""
+    the check can fail). Against the eager emulation the selection runs (``fp16_arithmetic``): where this CPU
+    computes fp16 through fp32, as close as it (each operation rounds its result, as eager fp16 does); with fp16
+    arithmetic, no closer (XNNPACK's sums and means accumulate in fp16)."""
     from executorch.runtime import Runtime
 
+    from sam2edge.checks.bench.records import machine
     from sam2edge.config import TEST_SMALL
     from sam2edge.export.executorch import REWRITES, lower_program, parameter_bytes
     from sam2edge.export.executorch_graphs import XnnEncoderGraph, encoder_inputs, fp16_encoder
@@ -113,12 +116,16 @@ def test_executorch_fp16_lowers_fp16_arithmetic_with_a_kept_part_in_fp32():
     with torch.no_grad():
         emulated = XnnEncoderGraph(fp16_arithmetic(model, keep))(image)
         exact = XnnEncoderGraph(model)(image)
+    native = machine()["fp16_arithmetic"] == "native"
     for g, e, x in zip(got, emulated, exact, strict=True):
         assert g.dtype == torch.float32
         rel_program, rel_emulated = float((g - x).norm() / x.norm()), float((e - x).norm() / x.norm())
-        # fp16 arithmetic, visibly (not fp32), and of fp16's order; XNNPACK's fp16 products are less exact than
-        # eager fp16's (test-small: 0.0034 against 0.0013), so the export's check runs the real program
-        assert 1e-4 < rel_emulated <= rel_program < 0.02, (rel_program, rel_emulated)
+        # fp16 arithmetic, visibly (not fp32), and of fp16's order
+        assert 1e-4 < rel_emulated and 1e-4 < rel_program < 0.02, (rel_program, rel_emulated)
+        if native:  # AVX512-FP16 (test-small: 0.0034 against the emulation's 0.0013)
+            assert rel_emulated <= rel_program, (rel_program, rel_emulated)
+        else:  # through fp32 (AMD EPYC, test-small: 0.000512 against 0.000512)
+            assert abs(rel_program - rel_emulated) <= 0.1 * rel_emulated, (rel_program, rel_emulated)
 
 
 def _robustness_module():

@@ -9,6 +9,8 @@
     failures    [str]              one line per failed bar (empty when passed)
     checks      {name: dict}       optional: target checks (GPU delegate residency, graph optimisation, ...)
     verify      dict               optional: the last ``sam2edge verify`` report (same keys as above)
+    machine     dict               optional: the CPU the export measured on {cpu, vector_extensions,
+                                   fp16_arithmetic: "native" | "through fp32", cores, os, python, torch}
     (any other key: target-specific detail, e.g. ``cpu_twin`` of executorch-webgpu)
 
 ``validate_fidelity`` checks a document against it; a malformed or partial one is a one-line UserError.

@@ -30,17 +30,37 @@ def precision_section(card: dict, fid: dict) -> list[str]:
             for k, bar in bars.items()
         ]
         lines += [
-            f"Measured by the export on {e2e.get('clicks', '?')} clicks against eager fp32 (upstream operations):",
+            f"Measured by the export on {e2e.get('clicks', '?')} clicks against eager fp32 (upstream operations)"
+            f"{_measured_on(fid.get('machine'), precision)}:",
             "",
             *_table(["Metric", "Measured", "Bar", "Verdict"], rows),
             "",
         ]
+        if precision == "fp16" and card.get("target") == "executorch":
+            lines += [FP16_ARITHMETIC_NOTE, ""]
     kept = (card.get("extra") or {}).get("fp32_kept") or {}
     if kept:
         lines += ["Kept in fp32, and why:", "", *_table(["Part", "Why"], [[f"{k}", v] for k, v in kept.items()]), ""]
     else:
         lines += ["Kept in fp32: not recorded by this bundle's export.", ""]
     return lines
+
+
+# ExecuTorch fp16 programs run XNNPACK's fp16 kernels, whose results depend on the CPU's fp16 arithmetic
+FP16_ARITHMETIC_NOTE = (
+    "The fp16 encoder runs XNNPACK's fp16 kernels, so its accuracy depends on the CPU: where fp16 is computed through "
+    "fp32 each operation rounds only its result; with fp16 arithmetic (ARMv8.2 phones, x86 AVX512-FP16) sums and "
+    "means accumulate in fp16 and a full-size encoder was measured up to 40x further from fp32. Check the bundle on "
+    "the device that will run it: `sam2edge verify DIR`."
+)
+
+
+def _measured_on(machine: object, precision: str) -> str:
+    """' on CPU (fp16 arithmetic: ...)' from fidelity's ``machine``; '' where the export did not record one."""
+    if not isinstance(machine, dict) or not machine.get("cpu"):
+        return ""
+    arithmetic = f", fp16 arithmetic {machine['fp16_arithmetic']}" if precision == "fp16" else ""
+    return f" on {machine['cpu']}{arithmetic}" if "fp16_arithmetic" in machine else f" on {machine['cpu']}"
 
 
 def _passes(value, bar: float) -> bool:

@@ -11,7 +11,7 @@ line there); every target runs the one pipeline ``sam2edge.export.pipeline.run_e
   --out           bundle folder (new, empty, or an earlier bundle; written atomically)
   --allow-dirty   write a graph that fails the target's graph lint (recorded in the card)
   --force         write a bundle that fails an accuracy bar (card status "rejected")
-  --int8          onnx int8: "dynamic" (default) or "static" activations of encoder_vnni.onnx (``export.onnx_static``)
+  --int8          onnx int8: "static" (default) or "dynamic" activations of encoder_vnni.onnx (``export.onnx_static``)
   --video         also the video graphs (memory attention, memory encoder, video decoder; every precision, int8
                   quantising only the frame encoder), measured on a two-object clip;
                   ``Sam2VideoPredictor.from_export(DIR)`` tracks from the bundle
@@ -50,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--int8",
         choices=("static", "dynamic"),
         default=None,
-        help="--target onnx --precision int8: activations of encoder_vnni.onnx measured per call (dynamic, the"
-        " default) or with ranges calibrated on photos (static: a QDQ graph; the dynamic file ships where it misses"
-        " a bar)",
+        help="--target onnx --precision int8: activations of encoder_vnni.onnx with ranges calibrated on photos"
+        " (static, the default: a QDQ graph; the dynamic file ships where it misses a bar) or measured per call"
+        " (dynamic)",
     )
     p.add_argument(
         "--gpu-check",

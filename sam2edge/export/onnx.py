@@ -4,8 +4,9 @@ Files (single self-contained .onnx each, no external data, opset ``OPSET``, stan
   encoder.onnx  ``EncoderGraph``: image 1x3xSxS -> image_embeddings, feat_s0, feat_s1
   decoder.onnx  ``PointDecoderGraph`` (prompt encoder inside), dynamic num_points N; I/O in
                 ``sam2edge.runtime.backends.onnx``'s module docstring.
-  encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with u8 x s8 dynamic products
-                (``export.onnx_int8``), or with ``--int8 static`` s8 x s8 static QDQ ones (``export.onnx_static``)
+  encoder_vnni.onnx  int8 only, exported on a CPU with VNNI: the encoder with s8 x s8 static QDQ products
+                (``export.onnx_static``, the default), or with ``--int8 dynamic`` u8 x s8 dynamic ones
+                (``export.onnx_int8``; also the static file's fallback where it misses a bar)
 Each carries ``metadata_props`` (model id, checkpoint SHA-256, preprocessing, prompt conventions).
 
 fp16: the encoder's weights are STORED in fp16 and computed in fp32 (``export.onnx_fp16``), like LiteRT's fp16

@@ -121,13 +121,14 @@ def quantized_matmuls(graph) -> dict[str, int]:
     return out
 
 
-# how ``encoder_vnni.onnx`` quantises its activations (``sam2edge export --int8``): "dynamic" (per call), or "static"
-# ranges calibrated here (falling back to "dynamic" when the static file misses a bar). Dynamic is the default: at
-# full size (Hiera-Tiny 1024, 2 threads, AVX-512 VNNI EPYC, benchmarks/bench_int8_static.py, two quiet interleaved
-# runs) static took 720 / 694 ms against dynamic's 740 / 716 ms (fp32 1199 / 1177 ms): within run-to-run spread on
-# onnxruntime's CPU provider; with each product's output quantised too, 1275 / 1224 ms, no faster than fp32
+# how ``encoder_vnni.onnx`` quantises its activations (``sam2edge export --int8``): "static" ranges calibrated here
+# (the default; the dynamic file ships in its place when the static one misses a bar), or "dynamic" (per call).
+# Hiera-Tiny 1024, 2 threads, ``benchmarks/bench_int8_static.py``, quiet interleaved runs on two AVX-512 VNNI EPYCs:
+# on one static took 720 / 694 / 685 ms against dynamic's 740 / 716 / 669 (fp32 1199 / 1177 / 1109); on the other
+# (2026-12-06) 896 and 910 ms (unsmoothed, smoothed) against 1184 and 1157 (fp32 1998, the peer's export 2021): as
+# fast, or 1.27x faster. With each product's output quantised too, 1275 / 1224 / 1183 and 1447 ms: no faster than fp32
 MODES = ("dynamic", "static")
-DEFAULT_MODE = "dynamic"
+DEFAULT_MODE = "static"
 FALLBACK = "int8_vnni_fallback"  # job.state key: the finished dynamic s8 file's bytes, kept until the check
 
 

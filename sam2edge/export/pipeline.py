@@ -30,6 +30,7 @@ from pathlib import Path
 from torch import nn
 
 from sam2edge.bundle import CARD, finalize_bundle, validate_fidelity
+from sam2edge.checks.bench.records import machine
 from sam2edge.checks.fidelity.measure import MIN_CLICKS, CachedEncoder, CachedReference, measure_backend
 from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
@@ -199,6 +200,7 @@ def _fidelity(spec: TargetSpec, job: Job, bars: dict | None) -> dict:
     fidelity["checks"] = job.checks
     fidelity["failures"] += [f for c in job.checks.values() for f in c.get("failures", [])]
     fidelity["passed"] = not fidelity["failures"]
+    fidelity["machine"] = machine()  # what ran the programs: fp16 arithmetic differs by CPU
     return validate_fidelity(fidelity, "the measured fidelity.json")
 
 

@@ -69,6 +69,16 @@ def vector_extensions(cpuinfo: str) -> list[str]:
     return [f for f in VECTOR_FLAGS if f in have]
 
 
+# extensions with fp16 arithmetic in SIMD registers; without them runtimes compute fp16 through fp32 (f16c converts)
+FP16_ARITHMETIC_FLAGS = ("avx512_fp16", "asimdhp")
+
+
+def fp16_arithmetic(extensions: list[str]) -> str:
+    """How this CPU runs fp16 graphs, from its ``vector_extensions``: "native" (XNNPACK's fp16 kernels add and
+    multiply in fp16, reductions included), "through fp32" (each operation converts to fp32 and rounds its result)."""
+    return "native" if any(f in extensions for f in FP16_ARITHMETIC_FLAGS) else "through fp32"
+
+
 def package_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -92,9 +102,11 @@ def machine(cpuinfo: str | None = None) -> dict:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
+    extensions = vector_extensions(cpuinfo)
     return {
         "cpu": cpu_model(cpuinfo) or platform.processor() or "unknown",
-        "vector_extensions": vector_extensions(cpuinfo),
+        "vector_extensions": extensions,
+        "fp16_arithmetic": fp16_arithmetic(extensions),
         "cores": os.cpu_count(),
         "os": platform.platform(),
         "python": platform.python_version(),

@@ -12,6 +12,7 @@ import datetime as _dt
 from pathlib import Path
 
 from sam2edge.bundle import load_card, record_fidelity
+from sam2edge.checks.bench.records import machine
 from sam2edge.checks.fidelity.bars import BARS  # noqa: F401  (the table `sam2edge verify` prints)
 from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend, model_prompt  # noqa: F401
 from sam2edge.config import CONFIGS, Sam2Config
@@ -96,6 +97,7 @@ def verify_bundle(
         "target": card["target"],
         "precision": card["precision"],
         "resolution": card["resolution"],
+        "machine": machine(),  # where the bundle ran: fp16 programs' accuracy depends on the CPU's fp16 arithmetic
         **report,
     }
 
