@@ -295,3 +295,40 @@ def test_executorch_fp16_error_refuses_a_kept_part_that_is_not_a_module(tmp_path
     assert _script("executorch_fp16_error").main([str(bundle), "--keep", "image_encoder.trunk.block"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (torchao's import may print lines before it)
     assert "--keep image_encoder.trunk.block: not a module" in err and err.startswith("error: "), err
+
+
+def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path):
+    """An ONNX int8 bundle's ``encoder_vnni.onnx`` (static activations) is a row of its own in ``record``, with its
+    own check; ``speed`` labels the bundle by its activations and shows the check of the file a VNNI CPU ran."""
+    mod = _script("precision_robustness")
+    folder = tmp_path / "bundles" / "upstream-s9--onnx--int8"
+    bundle = _bundle(folder, "onnx", "int8", kept=0)
+    card = json.loads((folder / "card.json").read_text())
+    card["extra"]["int8_activations"] = {"mode": "static", "shipped": "static"}
+    (folder / "card.json").write_text(json.dumps(card))
+    vnni_e2e = {"iou_worst": 0.9524, "iou_median": 0.9906}
+    fidelity = {"end_to_end": {"iou_worst": 0.963, "iou_median": 0.9927}}
+    fidelity["checks"] = {"int8_vnni": {"shipped": True, "int8": "static", "end_to_end": vnni_e2e}}
+    (folder / "fidelity.json").write_text(json.dumps(fidelity))
+    out = tmp_path / "rec.json"
+    assert mod.main(["record", "--bundles", str(tmp_path / "bundles"), "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["precision"], r["worst"]) for r in rows] == [
+        ("int8", 0.963),
+        ("int8, encoder_vnni.onnx (static activations)", 0.9524),
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    vnni_cpu = _subject("onnx", 450.0, 12.0, bundle)
+    vnni_cpu["machine"]["vector_extensions"] = ["avx2", "avx512_vnni"]
+    for name, s in {
+        "i8": vnni_cpu,
+        "p": _subject("peer-onnx", 1000.0, 30.0),
+        "u": _subject("upstream-eager", 2e3, 40.0),
+    }.items():
+        (run / f"{name}.json").write_text(json.dumps(s))
+    speed = tmp_path / "speed.json"
+    assert mod.main(["speed", "--bench", str(run), "--out", str(speed)]) == 0
+    (row,) = [r for r in json.loads(speed.read_text())["rows"] if r["bundle"].startswith("onnx")]
+    assert row["bundle"] == "onnx int8, static activations" and row["mask_iou"] == "0.9524 (0.9906)"
+    assert mod._ran_check(fidelity, {"vector_extensions": ["avx2"]}) == fidelity["end_to_end"]  # no VNNI: encoder.onnx
