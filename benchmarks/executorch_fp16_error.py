@@ -123,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     model.load_state_dict(sd)
     model.eval()
     forms = {k: v for k, v in (("attention_impl", args.attention), ("softmax", args.softmax)) if v is not None}
+    wanted = dataclasses.replace(built, **forms)
     lowered = model  # the model --keep / --attention / --softmax lower: the bundle's, or one with other forms
-    if dataclasses.replace(built, **forms) != built:
-        lowered = build_sam2(cfg, dataclasses.replace(built, **forms))
+    if wanted != built:
+        lowered = build_sam2(cfg, wanted)
         lowered.load_state_dict(sd)
         lowered.eval()
     keep = tuple(args.keep or card["extra"].get("mixed_precision", {}).get("kept_fp32", ()))

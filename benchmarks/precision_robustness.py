@@ -217,21 +217,16 @@ def _goals(int8: list[tuple[dict, dict]], peer: dict, fp32: dict[str, dict], bou
     )
 
 
-def _ran_check(fidelity: dict, machine: dict) -> dict:
-    """The export's end-to-end check of the encoder file the bench ran: an ONNX bundle's ``encoder_vnni.onnx``
-    (``checks.int8_vnni``) on a CPU with VNNI where that file shipped, else the bundle's own."""
+def _ran_check(fidelity: dict, machine: dict) -> tuple[str, dict]:
+    """(label suffix, end-to-end check) of the encoder file the bench ran: an ONNX bundle's ``encoder_vnni.onnx``
+    (``checks.int8_vnni``; ", static activations" where it holds calibrated ranges) on a CPU with VNNI where that
+    file shipped, else the bundle's own check and no suffix."""
     from sam2edge.runtime.backends.onnx import VNNI_FLAGS
 
     vnni = (fidelity.get("checks") or {}).get("int8_vnni") or {}
     if vnni.get("shipped") and set(VNNI_FLAGS) & set(machine.get("vector_extensions") or ()):
-        return vnni["end_to_end"]
-    return fidelity["end_to_end"]
-
-
-def _activations(card: dict) -> str:
-    """', static activations' for an ONNX int8 bundle whose VNNI encoder ships calibrated ranges; else ''."""
-    act = card.get("extra", {}).get("int8_activations") or {}
-    return ", static activations" if act.get("shipped") == "static" else ""
+        return (", static activations" if vnni.get("int8") == "static" else ""), vnni["end_to_end"]
+    return "", fidelity["end_to_end"]
 
 
 def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dict) -> str | None:
@@ -276,10 +271,10 @@ def speed(args) -> int:
         if s.get("bundle"):
             folder = Path(s["bundle"]["path"])
             card = json.loads((folder / "card.json").read_text())
-            e2e = _ran_check(json.loads((folder / "fidelity.json").read_text()), s["machine"])
+            activations, e2e = _ran_check(json.loads((folder / "fidelity.json").read_text()), s["machine"])
             mixed = card.get("extra", {}).get("mixed_precision")
             row.update(
-                bundle=f"{card['target']} {card['precision']}{_activations(card)}",
+                bundle=f"{card['target']} {card['precision']}{activations}",
                 checkpoint=_weights_name(card, manifest),
                 kept=str(len(mixed["kept_fp32"])) if mixed else "-",
                 mask_iou=f"{e2e['iou_worst']:.4f} ({e2e['iou_median']:.4f})",

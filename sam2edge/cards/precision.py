@@ -59,8 +59,8 @@ def _measured_on(machine: object, precision: str) -> str:
     """' on CPU (fp16 arithmetic: ...)' from fidelity's ``machine``; '' where the export did not record one."""
     if not isinstance(machine, dict) or not machine.get("cpu"):
         return ""
-    arithmetic = f", fp16 arithmetic {machine['fp16_arithmetic']}" if precision == "fp16" else ""
-    return f" on {machine['cpu']}{arithmetic}" if "fp16_arithmetic" in machine else f" on {machine['cpu']}"
+    arithmetic = machine.get("fp16_arithmetic") if precision == "fp16" else None
+    return f" on {machine['cpu']}" + (f", fp16 arithmetic {arithmetic}" if arithmetic else "")
 
 
 def _passes(value, bar: float) -> bool:
