@@ -57,6 +57,11 @@ class Stages:
         self.started += 1
         self.bar.set_postfix_str(name[:60])
 
+    def extend(self, n: int) -> None:
+        """``n`` more stages than announced (a step that runs again)."""
+        self.bar.total += n
+        self.bar.refresh()
+
     def finish_stage(self) -> None:
         if self._current is not None:
             name, t0 = self._current

@@ -195,6 +195,47 @@ def test_export_refused_when_the_selection_cannot_hold(tmp_path, monkeypatch):
     assert re.search(r"0\.\d{4} \[reference mask \d+ px, \d+% of its logits within \+-0\.1 of 0\]", msg), msg
 
 
+def test_widened_doubles_the_kept_prefix_and_records_the_bundle_it_replaces():
+    """After a bundle misses a bar its emulation met, the next selection keeps twice the ranked prefix (at least
+    one more part) and records the bundle's measurement; it gives up where nothing more can be kept."""
+    from sam2edge.export.mixed import MAX_WIDENINGS, widened
+
+    ranking = [{"part": p} for p in "abcdefg"]
+    sel = {"kept_fp32": ["a", "b"], "holds": True, "ranking": ranking, "iou_worst": 0.97, "iou_median": 0.99}
+    more = widened(sel, 0.9494, 0.988)
+    assert more["kept_fp32"] == ["a", "b", "c", "d"] and sel["kept_fp32"] == ["a", "b"]
+    assert more["bundle_checks"] == [{"kept": 2, "iou_worst": 0.9494, "iou_median": 0.988}]
+    assert widened({**sel, "kept_fp32": []}, 0.9, 0.98)["kept_fp32"] == ["a"]
+    last = more
+    for _ in range(MAX_WIDENINGS - 1):
+        last = widened(last, 0.9, 0.98)
+    assert last["kept_fp32"] == list("abcdefg") and widened(last, 0.9, 0.98) is None  # budget spent
+    assert widened({**sel, "holds": False}, 0.9, 0.98) is None  # the emulation missed too
+    assert widened({**sel, "ranking": []}, 0.9, 0.98) is None  # nothing ranked (all-reduced held)
+    assert widened({**sel, "kept_fp32": list("abcdefg")}, 0.9, 0.98) is None  # everything kept already
+    assert widened({**sel, "kept_fp32": ["b"]}, 0.9, 0.98) is None  # not the ranking's prefix
+
+
+def test_export_keeps_more_when_its_bundle_misses_a_bar_the_emulation_met(tmp_path, monkeypatch):
+    """An emulation that says nothing need stay fp32 while the bundle's own check misses the bar: the export
+    converts again keeping the ranking's first part, ships, and the card records the missed bundle."""
+    from sam2edge.export import precision
+    from sam2edge.export.mixed import Selection, Trial
+    from sam2edge.export.pipeline import run_export
+
+    spec, block = FRAGILE[0]
+    sd = fp16_fragile(variant_state_dict(spec, TEST_SMALL), block)
+    rows = ({"part": f"image_encoder.trunk.blocks.{block}"}, {"part": "image_encoder.trunk.blocks.0"})
+    wrong = Selection((), True, (Trial((), 0.999, 0.9999, True),), rows)  # an emulation that misses the fragility
+    monkeypatch.setattr(precision, "select_fp16", lambda *a, **k: wrong)
+    card = run_export("onnx", "test-small", "fp16", tmp_path / "b", weights=(sd, {**SOURCE, "checkpoint": spec}))
+    mixed, e2e = card["extra"]["mixed_precision"], card["fidelity"]["end_to_end"]
+    assert card["status"] == "shippable" and mixed["kept_fp32"] == [rows[0]["part"]], mixed
+    (missed,) = mixed["bundle_checks"]
+    assert missed["kept"] == 0 and missed["iou_median"] < FP16["min_iou_median"] <= e2e["iou_median"], missed
+    assert card["extra"]["stage_seconds"]["fidelity"] > 0
+
+
 def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:
     """``sd`` with ``channels`` random channels of every Hiera LayerNorm weight x ``gain``: activations with
     outlier channels, which widen a per-tensor int8 range (benchmarks/int8_smoothing.py's ``:outliers``)."""

@@ -165,6 +165,27 @@ def select(
         measure.close()
 
 
+# conversions one export may add after its bundle missed an end-to-end bar that the emulation met (``widened``)
+MAX_WIDENINGS = 2
+
+
+def widened(sel: dict, worst: float, median: float) -> dict | None:
+    """The selection ``sel`` (``Selection.as_dict``) with more of its ranking kept fp32, after the bundle built
+    with its ``kept_fp32`` missed an end-to-end bar in its own check (``worst`` / ``median``): the emulation is
+    not the runtime, so the runtime's measurement decides. The kept prefix doubles (at least one more part);
+    ``bundle_checks`` records each missed measurement. None where the emulation missed too, or nothing more can
+    be kept: no ranking (the all-reduced model met the bars in the emulation), every ranked part kept, or
+    ``MAX_WIDENINGS`` spent."""
+    ranking = [r["part"] for r in sel.get("ranking", [])]
+    kept = list(sel["kept_fp32"])
+    spent = sel.get("bundle_checks", [])
+    if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= len(ranking) or ranking[: len(kept)] != kept:
+        return None
+    k = min(len(ranking), max(2 * len(kept), len(kept) + 1))
+    missed = {"kept": len(kept), "iou_worst": float(worst), "iou_median": float(median)}
+    return {**sel, "kept_fp32": ranking[:k], "bundle_checks": [*spent, missed]}
+
+
 class _with_progress:
     """``measure`` with a progress bar: one step per end-to-end measurement, noting the kept count and IoUs."""
 

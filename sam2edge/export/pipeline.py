@@ -31,11 +31,13 @@ from torch import nn
 
 from sam2edge.bundle import CARD, finalize_bundle, validate_fidelity
 from sam2edge.checks.bench.records import machine
+from sam2edge.checks.fidelity.bars import bars_for, check_bars
 from sam2edge.checks.fidelity.measure import MIN_CLICKS, CachedEncoder, CachedReference, measure_backend
 from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_config
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
 from sam2edge.export.kept import fp32_kept
+from sam2edge.export.mixed import widened
 from sam2edge.export.provenance import shared_provenance
 from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
 from sam2edge.export.smooth import export_weights
@@ -233,6 +235,35 @@ def _build_files(spec: TargetSpec, job: Job, stages: Stages) -> None:
             job.checks[name] = result
 
 
+def _build_and_measure(spec: TargetSpec, job: Job, stages: Stages, bars: dict | None) -> dict:
+    """Every file built, then the bundle measured; where a measured mixed-precision bundle misses an
+    end-to-end bar its emulation met, built again with more of the ranking kept fp32 (``export.mixed.widened``)."""
+    start = dict(job.state)  # options and prepared state, before any conversion
+    while True:
+        first = stages.started
+        _build_files(spec, job, stages)
+        stages.next("fidelity")
+        fidelity = _fidelity(spec, job, bars)
+        sel, e2e = job.state.get("mixed_precision"), fidelity["end_to_end"]
+        missed = [] if fidelity["passed"] or not sel else check_bars({}, e2e, _iou_bars(job.precision, bars))
+        more = widened(sel, e2e["iou_worst"], e2e["iou_median"]) if missed else None
+        if more is None:
+            return fidelity
+        stage(
+            f"{job.precision}: the bundle missed a bar its emulation met ({missed[0]}); converting again with "
+            f"{len(more['kept_fp32'])} layers kept fp32"
+        )
+        job.state = {**start, "mixed_precision": more}
+        job.files, job.checks, job.lint = {}, {}, {}
+        job.measured.pop("encodes", None)  # the encoder changes; the reference's outputs stay
+        stages.extend(stages.started - first)  # the same stages once more
+
+
+def _iou_bars(precision: str, overrides: dict | None) -> dict[str, float]:
+    """The end-to-end mask IoU bars of ``precision`` (what a wider mixed-precision selection can lift)."""
+    return {k: v for k, v in bars_for(precision, overrides).items() if k in ("min_iou_worst", "min_iou_median")}
+
+
 def _load(checkpoint: str | None, cfg: Sam2Config, vcfg: Sam2VideoConfig | None) -> tuple[dict, dict]:
     from sam2edge.weights import load_weights
     from sam2edge.weights.video import load_video_weights
@@ -263,9 +294,19 @@ def mixed_note(sel: dict | None) -> str:
         verdict = "met the shipping bar" if sel["holds"] else "still missed the shipping bar"
         verdict += " (the median goal was out of reach with every candidate kept fp32)"
     ranked = ", ".join(r["part"] for r in sel.get("ranking", [])[:3])
+    emulated = f"worst {sel['iou_worst']:.4f}, median {sel['iou_median']:.4f}"
+    missed = "".join(
+        f"; the bundle with {c['kept']} kept missed (worst {c['iou_worst']:.4f}, median {c['iou_median']:.4f})"
+        for c in sel.get("bundle_checks", [])
+    )
+    if missed:
+        return (
+            f"the eager emulation met the bars with {len(sel['trials'][-1]['kept'])} layers kept ({emulated}){missed}; "
+        )
     return (
-        f"keeping {kept} in fp32 {verdict} in the eager emulation (worst {sel['iou_worst']:.4f}, median "
-        f"{sel['iou_median']:.4f})" + (f"; the most sensitive parts: {ranked}" if ranked else "") + "; "
+        f"keeping {kept} in fp32 {verdict} in the eager emulation ({emulated})"
+        + (f"; the most sensitive parts: {ranked}" if ranked else "")
+        + "; "
     )
 
 
@@ -322,9 +363,7 @@ def run_export(
             job.state.update(options or {})
             if video:
                 vid.prepare(job, sd_all, spec.rewrites)
-            _build_files(spec, job, stages)
-            stages.next("fidelity")
-            fidelity = _fidelity(spec, job, bars)
+            fidelity = _build_and_measure(spec, job, stages, bars)
             if not fidelity["passed"] and not force:
                 raise UserError(f"export refused: {fidelity['failures'][0]}; {_refusal_hint(job)}")
             stages.finish_stage()  # every stage before the write, timed (card.json extra.stage_seconds)
