@@ -332,3 +332,31 @@ def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path
     (row,) = [r for r in json.loads(speed.read_text())["rows"] if r["bundle"].startswith("onnx")]
     assert row["bundle"] == "onnx int8, static activations" and row["mask_iou"] == "0.9524 (0.9906)"
     assert mod._ran_check(fidelity, {"vector_extensions": ["avx2"]}) == ("", fidelity["end_to_end"])  # encoder.onnx
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("no-card", "no card.json; give a LiteRT fp32 bundle"),
+        ("int8-bundle", "is a litert int8 bundle; give a LiteRT fp32 one"),
+        ("no-checkpoint", "no such file; give the checkpoint the bundle was exported from"),
+        ("runs", "--runs and --clicks must be 1 or more"),
+        ("record-exists", "exists; choose another --record"),
+    ],
+)
+def test_litert_static_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    bundle, ckpt, record = tmp_path / "b", tmp_path / "c.pt", tmp_path / "r.json"
+    bundle.mkdir()
+    if case != "no-card":
+        precision = "int8" if case == "int8-bundle" else "fp32"
+        (bundle / "card.json").write_text(json.dumps({"target": "litert", "precision": precision}))
+    if case != "no-checkpoint":
+        ckpt.write_bytes(b"not read: the arguments are refused first")
+    record.write_text("a user's file")
+    argv = [str(bundle), "--checkpoint", str(ckpt), "--work", str(tmp_path / "w")]
+    argv += ["--runs", "0"] if case == "runs" else []
+    argv += ["--record", str(record)] if case == "record-exists" else []
+    assert _script("litert_static_int8").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert record.read_text() == "a user's file" and not (tmp_path / "w").exists()
