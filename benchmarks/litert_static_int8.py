@@ -171,8 +171,9 @@ def measure(backends: dict, checkpoint: str, cfg, runs: int, clicks: int) -> lis
     return rows
 
 
-def table(rows: list[dict], args, cfg, argv: list[str]) -> dict:
+def table(rows: list[dict], args, cfg) -> dict:
     """The published record (``sam2edge.table/1``)."""
+    from sam2edge import __version__
     from sam2edge.checks.bench.records import machine
 
     m = machine()
@@ -182,8 +183,10 @@ def table(rows: list[dict], args, cfg, argv: list[str]) -> dict:
         "title": f"LiteRT int8 encoders, static against dynamic activations ({Path(args.checkpoint).stem}, "
         f"{cfg.image_size} px, 2 threads)",
         "date": dt.date.today().isoformat(),
-        "command": " ".join(["python benchmarks/litert_static_int8.py", *argv]),
+        "command": f"python benchmarks/litert_static_int8.py FP32_BUNDLE --checkpoint {Path(args.checkpoint).name} "
+        f"--runs {args.runs} --clicks {args.clicks} --record FILE",
         "machine": {"cpu": m["cpu"], "cores": m["cores"], "vector_extensions": m["vector_extensions"]},
+        "sam2edge": {"version": __version__},
         "columns": [
             ["encoder", "encoder"],
             ["cosine", "image embedding cosine to fp32"],
@@ -209,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=4, help="interleaved timing rounds")
     p.add_argument("--clicks", type=int, default=40, help="end-to-end prompts per row")
     p.add_argument("--record", help="write the sam2edge.table/1 record here (never over a file)")
-    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     problem = _problem(args)
     if problem:
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = {row: backend_with(bundle, f, work / f"bundle-{f.stem}", cfg) for row, f in files.items()}
     rows = measure(backends, args.checkpoint, cfg, args.runs, args.clicks)
     if args.record:
-        Path(args.record).write_text(json.dumps(table(rows, args, cfg, argv), indent=1) + "\n")
+        Path(args.record).write_text(json.dumps(table(rows, args, cfg), indent=1) + "\n")
     return 0
 
 

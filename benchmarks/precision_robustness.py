@@ -90,7 +90,8 @@ def _vnni_row(card: dict, name: str) -> dict | None:
     row = _row({**card, "fidelity": {"end_to_end": vnni["end_to_end"]}}, name)
     activations = vnni.get("int8") or (card.get("extra", {}).get("int8_activations") or {}).get("mode", "dynamic")
     ships = "yes" if vnni["shipped"] else "no (left out of the bundle)"
-    return {**row, "precision": f"int8, encoder_vnni.onnx ({activations} activations)", "ships": ships}
+    kept = {"kept_fp32": "none (every product int8)"} if activations == "static" else {}
+    return {**row, "precision": f"int8, encoder_vnni.onnx ({activations} activations)", "ships": ships, **kept}
 
 
 def _portable(command: str) -> str:
@@ -217,16 +218,18 @@ def _goals(int8: list[tuple[dict, dict]], peer: dict, fp32: dict[str, dict], bou
     )
 
 
-def _ran_check(fidelity: dict, machine: dict) -> tuple[str, dict]:
-    """(label suffix, end-to-end check) of the encoder file the bench ran: an ONNX bundle's ``encoder_vnni.onnx``
-    (``checks.int8_vnni``; ", static activations" where it holds calibrated ranges) on a CPU with VNNI where that
-    file shipped, else the bundle's own check and no suffix."""
+def _ran_check(fidelity: dict, machine: dict) -> tuple[str, dict, bool]:
+    """(label suffix, end-to-end check, whether it is the static file) of the encoder file the bench ran: an ONNX
+    bundle's ``encoder_vnni.onnx`` (``checks.int8_vnni``; ", static activations" where it holds calibrated
+    ranges: every product int8, none of the selection's layers kept) on a CPU with VNNI where that file shipped,
+    else the bundle's own check and no suffix."""
     from sam2edge.runtime.backends.onnx import VNNI_FLAGS
 
     vnni = (fidelity.get("checks") or {}).get("int8_vnni") or {}
     if vnni.get("shipped") and set(VNNI_FLAGS) & set(machine.get("vector_extensions") or ()):
-        return (", static activations" if vnni.get("int8") == "static" else ""), vnni["end_to_end"]
-    return "", fidelity["end_to_end"]
+        static = vnni.get("int8") == "static"
+        return (", static activations" if static else ""), vnni["end_to_end"], static
+    return "", fidelity["end_to_end"], False
 
 
 def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dict) -> str | None:
@@ -271,12 +274,12 @@ def speed(args) -> int:
         if s.get("bundle"):
             folder = Path(s["bundle"]["path"])
             card = json.loads((folder / "card.json").read_text())
-            activations, e2e = _ran_check(json.loads((folder / "fidelity.json").read_text()), s["machine"])
+            activations, e2e, static = _ran_check(json.loads((folder / "fidelity.json").read_text()), s["machine"])
             mixed = card.get("extra", {}).get("mixed_precision")
             row.update(
                 bundle=f"{card['target']} {card['precision']}{activations}",
                 checkpoint=_weights_name(card, manifest),
-                kept=str(len(mixed["kept_fp32"])) if mixed else "-",
+                kept="0" if static else str(len(mixed["kept_fp32"])) if mixed else "-",
                 mask_iou=f"{e2e['iou_worst']:.4f} ({e2e['iou_median']:.4f})",
                 ships=card["status"],
             )

@@ -302,7 +302,7 @@ def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path
     own check; ``speed`` labels the bundle by its activations and shows the check of the file a VNNI CPU ran."""
     mod = _script("precision_robustness")
     folder = tmp_path / "bundles" / "upstream-s9--onnx--int8"
-    bundle = _bundle(folder, "onnx", "int8", kept=0)
+    bundle = _bundle(folder, "onnx", "int8", kept=2)  # the portable encoder.onnx's selection
     card = json.loads((folder / "card.json").read_text())
     card["extra"]["int8_activations"] = {"mode": "static", "shipped": "static"}
     (folder / "card.json").write_text(json.dumps(card))
@@ -313,9 +313,9 @@ def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path
     out = tmp_path / "rec.json"
     assert mod.main(["record", "--bundles", str(tmp_path / "bundles"), "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["precision"], r["worst"]) for r in rows] == [
-        ("int8", 0.963),
-        ("int8, encoder_vnni.onnx (static activations)", 0.9524),
+    assert [(r["precision"], r["worst"], r["kept_fp32"]) for r in rows] == [
+        ("int8", 0.963, "layer0, layer1"),
+        ("int8, encoder_vnni.onnx (static activations)", 0.9524, "none (every product int8)"),
     ]
     run = tmp_path / "run"
     run.mkdir()
@@ -331,7 +331,9 @@ def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path
     assert mod.main(["speed", "--bench", str(run), "--out", str(speed)]) == 0
     (row,) = [r for r in json.loads(speed.read_text())["rows"] if r["bundle"].startswith("onnx")]
     assert row["bundle"] == "onnx int8, static activations" and row["mask_iou"] == "0.9524 (0.9906)"
-    assert mod._ran_check(fidelity, {"vector_extensions": ["avx2"]}) == ("", fidelity["end_to_end"])  # encoder.onnx
+    assert row["kept"] == "0"  # the static file quantises every product, whatever encoder.onnx keeps
+    no_vnni = mod._ran_check(fidelity, {"vector_extensions": ["avx2"]})
+    assert no_vnni == ("", fidelity["end_to_end"], False)  # encoder.onnx
 
 
 @pytest.mark.parametrize(
