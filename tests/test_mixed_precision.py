@@ -214,6 +214,8 @@ def test_widened_doubles_the_kept_prefix_and_records_the_bundle_it_replaces():
     assert widened({**sel, "ranking": []}, 0.9, 0.98) is None  # nothing ranked (all-reduced held)
     assert widened({**sel, "kept_fp32": list("abcdefg")}, 0.9, 0.98) is None  # everything kept already
     assert widened({**sel, "kept_fp32": ["b"]}, 0.9, 0.98) is None  # not the ranking's prefix
+    capped = widened({**sel, "max_kept": 3}, 0.9, 0.98)  # the selection's own limit holds too
+    assert capped["kept_fp32"] == ["a", "b", "c"] and widened(capped, 0.9, 0.98) is None
 
 
 def test_export_keeps_more_when_its_bundle_misses_a_bar_the_emulation_met(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ weights a few parts cost the end-to-end mask IoU far more than the rest (a check
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class Selection:
     trials: tuple[Trial, ...]  # every measurement, in order
     ranking: tuple[dict, ...] = ()  # the ranking's rows, most harmful first
     aimed_at: Mapping[str, float] | None = None  # the bars the choice aimed at (None: the bars asked for)
+    max_kept: int | None = None  # the most parts the selection may keep fp32 (``widened`` keeps to it too)
 
     @property
     def chosen(self) -> Trial:
@@ -71,6 +73,7 @@ class Selection:
             "trials": [t.as_dict() for t in self.trials],
             "ranking": list(self.ranking),
             **({"aimed_at": dict(self.aimed_at)} if self.aimed_at is not None else {}),
+            **({"max_kept": self.max_kept} if self.max_kept is not None else {}),
         }
 
 
@@ -138,31 +141,37 @@ def select(
     ``bars`` but meets these; the selection then records ``aimed_at``."""
     measure = _with_progress(measure, f"{label}: end-to-end measurements (at most {budget})", budget)
     try:
-        base = measure(())
-        first = Trial((), float(base[0]), float(base[1]), meets(*base, bars, margin))
-        if first.holds or max_kept <= 0:
-            return Selection((), first.holds, (first,))
-        trials, aim = [first], None
-        if upper is not None:  # every candidate kept: if even that misses the bars, no subset will
-            top = measure(tuple(upper))
-            trials.append(Trial(tuple(upper), float(top[0]), float(top[1]), meets(*top, bars, margin)))
-            if not trials[-1].holds:
-                if fallback is None or not meets(*top, fallback, margin):
-                    return Selection((), False, tuple(trials))
-                aim = dict(fallback)
-                if meets(*base, aim, margin):  # the all-reduced model already ships
-                    return Selection((), True, tuple(trials), aimed_at=aim)
-        rows = ranking()
-
-        def memo(kept: tuple[str, ...]) -> tuple[float, float]:
-            return base if not kept else measure(kept)
-
-        left = budget - len(trials)
-        sel = choose_kept([r["part"] for r in rows], memo, aim or bars, max_kept, margin, left + 1)
-        ordered = sel.trials[:1] + tuple(trials[1:]) + sel.trials[1:]  # all-reduced, everything kept, prefixes
-        return Selection(sel.kept, sel.holds, ordered, tuple(rows), aimed_at=aim)
+        sel = _select(ranking, measure, bars, max_kept, margin, upper, budget, fallback)
+        return dataclasses.replace(sel, max_kept=max_kept)
     finally:
         measure.close()
+
+
+def _select(ranking, measure, bars, max_kept, margin, upper, budget, fallback) -> Selection:
+    """``select``'s measurements (``measure`` counting them on a progress bar)."""
+    base = measure(())
+    first = Trial((), float(base[0]), float(base[1]), meets(*base, bars, margin))
+    if first.holds or max_kept <= 0:
+        return Selection((), first.holds, (first,))
+    trials, aim = [first], None
+    if upper is not None:  # every candidate kept: if even that misses the bars, no subset will
+        top = measure(tuple(upper))
+        trials.append(Trial(tuple(upper), float(top[0]), float(top[1]), meets(*top, bars, margin)))
+        if not trials[-1].holds:
+            if fallback is None or not meets(*top, fallback, margin):
+                return Selection((), False, tuple(trials))
+            aim = dict(fallback)
+            if meets(*base, aim, margin):  # the all-reduced model already ships
+                return Selection((), True, tuple(trials), aimed_at=aim)
+    rows = ranking()
+
+    def memo(kept: tuple[str, ...]) -> tuple[float, float]:
+        return base if not kept else measure(kept)
+
+    left = budget - len(trials)
+    sel = choose_kept([r["part"] for r in rows], memo, aim or bars, max_kept, margin, left + 1)
+    ordered = sel.trials[:1] + tuple(trials[1:]) + sel.trials[1:]  # all-reduced, everything kept, prefixes
+    return Selection(sel.kept, sel.holds, ordered, tuple(rows), aimed_at=aim)
 
 
 # conversions one export may add after its bundle missed an end-to-end bar that the emulation met (``widened``)
@@ -174,14 +183,15 @@ def widened(sel: dict, worst: float, median: float) -> dict | None:
     with its ``kept_fp32`` missed an end-to-end bar in its own check (``worst`` / ``median``): the emulation is
     not the runtime, so the runtime's measurement decides. The kept prefix doubles (at least one more part);
     ``bundle_checks`` records each missed measurement. None where the emulation missed too, or nothing more can
-    be kept: no ranking (the all-reduced model met the bars in the emulation), every ranked part kept, or
-    ``MAX_WIDENINGS`` spent."""
+    be kept: no ranking (the all-reduced model met the bars in the emulation), the selection's ``max_kept`` (or
+    every ranked part) kept already, or ``MAX_WIDENINGS`` spent."""
     ranking = [r["part"] for r in sel.get("ranking", [])]
     kept = list(sel["kept_fp32"])
     spent = sel.get("bundle_checks", [])
-    if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= len(ranking) or ranking[: len(kept)] != kept:
+    top = min(len(ranking), sel.get("max_kept", len(ranking)))  # the selection's own limit
+    if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= top or ranking[: len(kept)] != kept:
         return None
-    k = min(len(ranking), max(2 * len(kept), len(kept) + 1))
+    k = min(top, max(2 * len(kept), len(kept) + 1))
     missed = {"kept": len(kept), "iou_worst": float(worst), "iou_median": float(median)}
     return {**sel, "kept_fp32": ranking[:k], "bundle_checks": [*spent, missed]}
 
