@@ -238,6 +238,19 @@ def test_export_keeps_more_when_its_bundle_misses_a_bar_the_emulation_met(tmp_pa
     assert card["extra"]["stage_seconds"]["fidelity"] > 0
 
 
+def test_refusal_note_names_the_emulated_choice_and_each_bundle_that_missed():
+    """After widening, the refusal's note counts the layers the emulation chose (not its last trial's) and lists
+    every bundle that missed."""
+    from sam2edge.export.pipeline import mixed_note
+
+    trials = [{"kept": [], "iou_worst": 0.9, "iou_median": 0.98}, {"kept": list("abc"), "iou_worst": 0.97}]
+    sel = {"kept_fp32": list("abcdef"), "holds": True, "iou_worst": 0.9772, "iou_median": 0.9902, "trials": trials}
+    sel["bundle_checks"] = [{"kept": 2, "iou_worst": 0.9494, "iou_median": 0.9892}]
+    note = mixed_note(sel)
+    assert note.startswith("the eager emulation met the bars with 2 layers kept (worst 0.9772, median 0.9902)")
+    assert "the bundle with 2 kept missed (worst 0.9494, median 0.9892); " in note, note
+
+
 def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:
     """``sd`` with ``channels`` random channels of every Hiera LayerNorm weight x ``gain``: activations with
     outlier channels, which widen a per-tensor int8 range (benchmarks/int8_smoothing.py's ``:outliers``)."""

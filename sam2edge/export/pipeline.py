@@ -300,9 +300,8 @@ def mixed_note(sel: dict | None) -> str:
         for c in sel.get("bundle_checks", [])
     )
     if missed:
-        return (
-            f"the eager emulation met the bars with {len(sel['trials'][-1]['kept'])} layers kept ({emulated}){missed}; "
-        )
+        chosen = sel["bundle_checks"][0]["kept"]  # the emulation's choice: the first bundle's kept layers
+        return f"the eager emulation met the bars with {chosen} layers kept ({emulated}){missed}; "
     return (
         f"keeping {kept} in fp32 {verdict} in the eager emulation ({emulated})"
         + (f"; the most sensitive parts: {ranked}" if ranked else "")
