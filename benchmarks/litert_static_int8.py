@@ -90,16 +90,14 @@ def quantize_static(fp32: Path, dst: Path, ops: tuple[str, ...], cfg) -> None:
     q.quantize(ranges).export_model(str(dst), overwrite=False)
 
 
-def encoders(args, cfg, work: Path) -> dict[str, Path]:
+def encoders(sd: dict, cfg, work: Path) -> dict[str, Path]:
     """row -> encoder.tflite, converted and quantised into ``work`` (reused where already there)."""
     from sam2edge.export.litert import ENCODER_FILE, graphs
     from sam2edge.export.litert_convert import convert_graph
     from sam2edge.export.litert_mixed import Owners, model_prefix, quantize
     from sam2edge.export.pipeline import export_model
     from sam2edge.model import Rewrites
-    from sam2edge.weights import load_weights
 
-    sd, _ = load_weights(args.checkpoint, cfg)
     model = export_model(sd, cfg, "int8", Rewrites()).eval()  # smoothed, as the int8 export converts it
     module, sample = graphs(model, 8)[ENCODER_FILE]
     fp32 = work / "fp32.tflite"
@@ -132,7 +130,7 @@ def backend_with(bundle: Path, encoder: Path, folder: Path, cfg):
     return LiteRTBackend(folder, cfg, k, num_threads=2)
 
 
-def measure(backends: dict, checkpoint: str, cfg, runs: int, clicks: int) -> list[dict]:
+def measure(backends: dict, sd: dict, cfg, runs: int, clicks: int) -> list[dict]:
     """One row per backend: image-embedding cosine to the fp32 row's, encoder median (rows interleaved, one call
     after 0.25 s idle per round), end-to-end mask IoU against eager fp32 with upstream's operations."""
     from sam2edge.checks.fidelity import click_set, photo
@@ -141,7 +139,6 @@ def measure(backends: dict, checkpoint: str, cfg, runs: int, clicks: int) -> lis
     from sam2edge.runtime.backends import EagerBackend
     from sam2edge.runtime.predictor import Sam2Predictor
     from sam2edge.runtime.preprocess import preprocess
-    from sam2edge.weights import load_weights
 
     x = preprocess(photo("astronaut.png"), cfg.image_size).numpy()
     ref = backends["fp32"].encode(x).image_embed
@@ -153,7 +150,7 @@ def measure(backends: dict, checkpoint: str, cfg, runs: int, clicks: int) -> lis
             t0 = time.perf_counter()
             b.encode(x)
             times[row].append((time.perf_counter() - t0) * 1e3)
-    reference = Sam2Predictor(EagerBackend.from_state_dict(load_weights(checkpoint, cfg)[0], cfg, UPSTREAM))
+    reference = Sam2Predictor(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
     prompts, fp32_ms = click_set(clicks), statistics.median(times["fp32"])
     rows = []
     for row, b in backends.items():
@@ -220,14 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sam2edge.checks.fidelity.verify import bundle_config
+    from sam2edge.weights import load_weights
 
     torch.set_num_threads(2)
     bundle, work = Path(args.bundle), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cfg = bundle_config(json.loads((bundle / "card.json").read_text()))
-    files = encoders(args, cfg, work)
+    sd, _ = load_weights(args.checkpoint, cfg)  # read once: the conversion and the eager reference
+    files = encoders(sd, cfg, work)
     backends = {row: backend_with(bundle, f, work / f"bundle-{f.stem}", cfg) for row, f in files.items()}
-    rows = measure(backends, args.checkpoint, cfg, args.runs, args.clicks)
+    rows = measure(backends, sd, cfg, args.runs, args.clicks)
     if args.record:
         Path(args.record).write_text(json.dumps(table(rows, args, cfg), indent=1) + "\n")
     return 0
