@@ -1,16 +1,17 @@
-"""Why an int8 export is refused: the emulated all-int8 encoder per activation granularity, and how fragile the
-reference masks of its lowest clicks are.
+"""Why an int8 export holds or is refused: the emulated all-int8 encoder per activation granularity, weight
+rounding and quantised operand, and how fragile the reference masks of its lowest clicks are.
 
     .venv/bin/python benchmarks/int8_fragile.py CHECKPOINT... [--config sam2.1-hiera-tiny] [--clicks 40]
 
 For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
 channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
-click set, four ways: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
-kernels: ExecuTorch, LiteRT), each with the encoder plain and smoothed (``export.smooth``, as ONNX int8
-exports it). Every row names its lowest clicks with what makes a reference mask fragile
-(``checks.fidelity.metrics.end_to_end``): its area in pixels (a 3-pixel mask reads IoU 0.33 for one pixel
-flipped) and the share of its low-res logits within 0.1 of the threshold (a near-flat logit map flips under
-any rounding). Full size, 2 cores: about 30 s a row.
+click set: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
+kernels: ExecuTorch, LiteRT), the encoder plain or smoothed (``export.smooth``), its weights rounded to the
+nearest grid point or with GPTQ's compensation (``export.gptq``, as every int8 export does), and with weights
+or activations alone int8 (which of the two a click's failure comes from). Every row names its lowest clicks
+with what makes a reference mask fragile (``checks.fidelity.metrics.end_to_end``): its area in pixels (a
+3-pixel mask reads IoU 0.33 for one pixel flipped) and the share of its low-res logits within 0.1 of the
+threshold (a near-flat logit map flips under any rounding). Full size, 2 cores: about 30 s a row.
 """
 
 from __future__ import annotations
@@ -18,15 +19,28 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from sam2edge.config import CONFIGS
 
-# (label, target whose emulation is used, smoothed)
+
+class Row(NamedTuple):
+    label: str
+    target: str  # whose activation granularity the emulation uses
+    smoothed: bool  # export.smooth applied
+    gptq: bool  # weights rounded with export.gptq (else nearest)
+    quantised: str = "both"  # "both", "weights" (activations fp32) or "activations" (weights fp32)
+
+
 ROWS = (
-    ("per tensor, plain", "onnx", False),
-    ("per tensor, smoothed", "onnx", True),
-    ("per token, plain", "executorch", False),
-    ("per token, smoothed", "executorch", True),
+    Row("per tensor, plain", "onnx", False, False),
+    Row("per tensor, smoothed", "onnx", True, False),
+    Row("per token, plain", "executorch", False, False),
+    Row("per token, smoothed", "executorch", True, False),
+    Row("per token, smoothed, weights int8 only", "executorch", True, False, "weights"),
+    Row("per token, smoothed, activations int8 only", "executorch", True, False, "activations"),
+    Row("per tensor, smoothed + GPTQ (ONNX int8 as exported)", "onnx", True, True),
+    Row("per token, smoothed + GPTQ (ExecuTorch / LiteRT int8 as exported)", "executorch", True, True),
 )
 
 
@@ -40,17 +54,24 @@ def _problem(args) -> str | None:
     return None
 
 
-def measure(sd: dict, cfg, target: str, smoothed: bool, reference, prompts) -> dict:
-    """End-to-end summary (worst, median, lowest clicks with their fragility) of the all-int8 emulation."""
+def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
+    """End-to-end summary (worst, median, lowest clicks with their fragility) of the emulation ``row``."""
     from sam2edge.checks.fidelity.metrics import end_to_end
-    from sam2edge.export import smooth
+    from sam2edge.export import gptq, smooth
     from sam2edge.export.int8_sensitivity import Int8Emulation
     from sam2edge.export.precision import EMULATIONS, GraphBackend
     from sam2edge.runtime.predictor import Sam2Predictor
 
-    if smoothed:
-        sd = smooth.smoothed(sd, cfg, EMULATIONS[target].rewrites)[0]
-    emu = Int8Emulation(sd, cfg, target, reference)
+    if row.smoothed:
+        sd = smooth.smoothed(sd, cfg, EMULATIONS[row.target].rewrites)[0]
+    if row.gptq:
+        sd = gptq.compensated(sd, cfg, smooth.CALIBRATION_PHOTOS)[0]
+    emu = Int8Emulation(sd, cfg, row.target, reference)
+    for layer in emu.layers.values():
+        if row.quantised == "activations":
+            layer.int8_weight = layer.weight.detach()
+        elif row.quantised == "weights":
+            layer.int8_granularity = "none"
     test = Sam2Predictor(GraphBackend(emu.quant, cfg, decoder_model=emu.fp32))
     return end_to_end(Sam2Predictor(reference), test, prompts)
 
@@ -77,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     cfg, prompts = get_config(args.config), click_set(args.clicks)
-    print("| checkpoint | activations | worst | median | lowest clicks (IoU, reference mask px, logits near 0) |")
+    print("| checkpoint | int8 form | worst | median | lowest clicks (IoU, reference mask px, logits near 0) |")
     print("|---|---|---|---|---|")
     for path in args.checkpoints:
         try:
@@ -86,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
-        for label, target, smoothed in ROWS:
-            e = measure(sd, cfg, target, smoothed, reference, prompts)
+        for row in ROWS:
+            e = measure(sd, cfg, row, reference, prompts)
             low = "; ".join(
                 f"{c['photo']} {c['kind']} {c['iou']:.3f}, {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%}"
                 for c in e["lowest_clicks"][:3]
             )
             name = Path(path).stem
-            print(f"| {name} | {label} | {e['iou_worst']:.4f} | {e['iou_median']:.4f} | {low} |", flush=True)
+            print(f"| {name} | {row.label} | {e['iou_worst']:.4f} | {e['iou_median']:.4f} | {low} |", flush=True)
     return 0
 
 

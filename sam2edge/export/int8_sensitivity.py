@@ -40,7 +40,10 @@ def fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def fake_quant_activation(x: torch.Tensor, granularity: str) -> torch.Tensor:
-    """Asymmetric uint8 (range including 0), per token (last dim reduced) or per tensor, dequantised."""
+    """Asymmetric uint8 (range including 0), per token (last dim reduced) or per tensor, dequantised;
+    ``"none"``: ``x`` itself (weights-only int8, for diagnosis)."""
+    if granularity == "none":
+        return x
     dims = (-1,) if granularity == "per_token" else tuple(range(x.dim()))
     lo = x.amin(dim=dims, keepdim=True).clamp_max(0.0)
     hi = x.amax(dim=dims, keepdim=True).clamp_min(0.0)

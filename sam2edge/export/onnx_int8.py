@@ -30,12 +30,16 @@ from sam2edge.export.mixed import int8_keep
 from sam2edge.runtime.backends import onnx as ob
 
 INT8_OPS = ("MatMul",)
-# weight formats: name -> (onnxruntime weight type, reduce_range). 7-bit signed weights avoid the saturation
-# but lose precision: full-size worst click IoU 0.8987, refused (benchmarks/bench_int8_range.py)
+# weight formats: name -> (onnxruntime weight type, reduce_range, stored as u8 codes q + 128). "u8" is the
+# symmetric s8 grid every other target uses (so ``export.gptq``'s rounding reaches the file unchanged) stored as
+# u8 with zero point 128: u8 x u8, no saturation. "u8-asymmetric" (onnxruntime's QUInt8: each row's own min/max
+# grid) rounds GPTQ's weights a second time. 7-bit signed weights avoid the saturation but lose precision:
+# full-size worst click IoU 0.8987, refused (benchmarks/bench_int8_range.py)
 INT8_WEIGHTS = {
-    "u8": ("QUInt8", False),
-    "s8": ("QInt8", False),
-    "s8-7bit": ("QInt8", True),
+    "u8": ("QInt8", False, True),
+    "u8-asymmetric": ("QUInt8", False, False),
+    "s8": ("QInt8", False, False),
+    "s8-7bit": ("QInt8", True, False),
 }
 PORTABLE_WEIGHTS, VNNI_WEIGHTS = "u8", "s8"
 
@@ -64,7 +68,7 @@ def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS, keep: t
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    weight_type, reduce_range = INT8_WEIGHTS[weights]
+    weight_type, reduce_range, shifted = INT8_WEIGHTS[weights]
     excluded = nodes_of(src, keep) if keep else []
     missing = [x for x in keep if not nodes_of(src, (x,))]
     if missing:
@@ -78,16 +82,37 @@ def quantize_int8(src: Path, dst: Path, weights: str = PORTABLE_WEIGHTS, keep: t
         op_types_to_quantize=INT8_OPS,
         nodes_to_exclude=excluded,
     )
+    if shifted:
+        _to_u8(dst)
     nodes = onnx.load(str(dst), load_external_data=False).graph.node
     ops = [n.op_type for n in nodes]
     leaked = [n.name for n in nodes if n.op_type == "MatMulInteger" and n.name.startswith(tuple(excluded))]
     if leaked:
         raise RuntimeError(f"int8: layers kept fp32 were quantised anyway: {leaked}")
     return {
-        "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights",
+        "method": f"onnxruntime quantize_dynamic, {weight_type} per-channel {7 if reduce_range else 8}-bit weights"
+        + (", stored as u8 (q + 128, zero point 128)" if shifted else ""),
         "MatMulInteger": ops.count("MatMulInteger"),
         **({"fp32_kept_layers": list(keep), "fp32_kept_nodes": excluded} if keep else {}),
     }
+
+
+def _to_u8(path: Path) -> None:
+    """Rewrite ``path``'s s8 MatMulInteger weights and their zero points as u8 (+128), in place: the same
+    products, read by onnxruntime's u8 x u8 kernels."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    names = {n.input[i] for n in model.graph.node if n.op_type == "MatMulInteger" for i in (1, 3) if len(n.input) > i}
+    for name in names:
+        arr = numpy_helper.to_array(inits[name])
+        if arr.dtype != np.int8:
+            raise RuntimeError(f"int8: {name} of {path.name} is {arr.dtype}, not the s8 the u8 form shifts")
+        inits[name].CopyFrom(numpy_helper.from_array((arr.astype(np.int16) + 128).astype(np.uint8), name))
+    onnx.save(model, str(path))
 
 
 def quantize_encoder(job, opt: Path, work: Path, finish) -> Path:

@@ -40,7 +40,7 @@ from sam2edge.export.kept import fp32_kept
 from sam2edge.export.mixed import widened
 from sam2edge.export.provenance import shared_provenance
 from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
-from sam2edge.export.smooth import export_weights
+from sam2edge.export.smooth import ROUNDING_NOTE, export_weights
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -318,7 +318,7 @@ def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
         **({"video": vid.extra(job)} if video else {}),
         **({"fp32_kept": kept} if kept else {}),
         **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
-        **({"int8_smoothing": SMOOTHING_NOTE} if job.precision == "int8" else {}),
+        **({"int8_smoothing": SMOOTHING_NOTE, "int8_rounding": ROUNDING_NOTE} if job.precision == "int8" else {}),
     }
 
 

@@ -90,11 +90,20 @@ def smoothed(sd: dict, cfg: Sam2Config, rewrites, alpha: float = ALPHA) -> tuple
     return smooth_state_dict(sd, calibrate(model.eval(), cfg), alpha)
 
 
+# card.json extra.int8_rounding of every int8 bundle
+ROUNDING_NOTE = (
+    "encoder Linear weights rounded to their int8 grid with GPTQ's error compensation (export.gptq, calibrated "
+    "on the smoothing's photos); each target's quantiser reproduces them (ONNX's portable file as u8 codes q + 128)"
+)
+
+
 def export_weights(sd: dict, cfg: Sam2Config, precision: str) -> dict:
     """The state dict an export at ``precision`` builds its graphs from: int8 smoothed (the fp32 function is the
-    same), every other precision ``sd`` itself."""
+    same), then its encoder Linear weights GPTQ-rounded onto their int8 grid (``export.gptq``); every other
+    precision ``sd`` itself."""
     if precision != "int8":
         return sd
+    from sam2edge.export.gptq import compensated
     from sam2edge.model import Rewrites
 
-    return smoothed(sd, cfg, Rewrites())[0]
+    return compensated(smoothed(sd, cfg, Rewrites())[0], cfg, CALIBRATION_PHOTOS)[0]
