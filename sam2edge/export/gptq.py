@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from sam2edge.config import Sam2Config
+from sam2edge.export.int8_sensitivity import fake_quant_weight as nearest  # the targets' own rounding
 
 ENCODER = "image_encoder."
 DAMP = 0.01  # added to H's diagonal, as a share of its mean (GPTQ's default): keeps the inverse stable
@@ -39,8 +40,7 @@ QMAX = 127  # symmetric int8 grid: q in [-127, 127]
 def hessians(model: nn.Module, cfg: Sam2Config, photos: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Module name -> ``E[x x^T]`` (float64, ``in x in``) of each encoder Linear's input over the tokens of
     ``photos`` (the fp32 ``model``; its qkv must be one Linear)."""
-    from sam2edge.checks.fidelity import photo
-    from sam2edge.runtime.preprocess import preprocess
+    from sam2edge.export.smooth import encode_photos
 
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
@@ -54,20 +54,8 @@ def hessians(model: nn.Module, cfg: Sam2Config, photos: tuple[str, ...]) -> dict
                 counts[name] = counts.get(name, 0) + x.shape[0]
 
             hooks.append(m.register_forward_hook(hook))
-    try:
-        for name in photos:
-            x = preprocess(photo(name), cfg.image_size)
-            model.image_encoder(torch.as_tensor(np.asarray(x)))
-    finally:
-        for h in hooks:
-            h.remove()
+    encode_photos(model, cfg, photos, hooks)
     return {k: s / counts[k] for k, s in sums.items()}
-
-
-def nearest(w: torch.Tensor) -> torch.Tensor:
-    """Round-to-nearest on the symmetric per-row int8 grid (what a target's quantiser does), dequantised."""
-    scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / QMAX
-    return torch.clamp(torch.round(w / scale), -QMAX, QMAX) * scale
 
 
 @torch.no_grad()

@@ -39,9 +39,6 @@ CARD_NOTE = (
 @torch.no_grad()
 def calibrate(model, cfg: Sam2Config, photos: tuple[str, ...] = CALIBRATION_PHOTOS) -> dict[str, torch.Tensor]:
     """``"blocks.i.normK"`` -> per-channel max |output| of that LayerNorm over ``photos`` (fp32 model)."""
-    from sam2edge.checks.fidelity import photo
-    from sam2edge.runtime.preprocess import preprocess
-
     amax: dict[str, torch.Tensor] = {}
     hooks = []
     # Hiera's blocks; a trunk without LayerNorm -> Linear pairs (RepViT: convolutions) has nothing to smooth
@@ -53,6 +50,16 @@ def calibrate(model, cfg: Sam2Config, photos: tuple[str, ...] = CALIBRATION_PHOT
                 amax[key] = torch.maximum(amax[key], a) if key in amax else a
 
             hooks.append(getattr(blk, norm).register_forward_hook(hook))
+    encode_photos(model, cfg, photos, hooks)
+    return amax
+
+
+def encode_photos(model, cfg: Sam2Config, photos: tuple[str, ...], hooks: list) -> None:
+    """Run ``model``'s image encoder on each of ``photos`` (skimage's, preprocessed as the runtime does), then
+    remove ``hooks`` (the forward hooks that record what the caller calibrates), also on error."""
+    from sam2edge.checks.fidelity import photo
+    from sam2edge.runtime.preprocess import preprocess
+
     try:
         for name in photos:
             x = preprocess(photo(name), cfg.image_size)
@@ -60,7 +67,6 @@ def calibrate(model, cfg: Sam2Config, photos: tuple[str, ...] = CALIBRATION_PHOT
     finally:
         for h in hooks:
             h.remove()
-    return amax
 
 
 def smooth_state_dict(sd: dict, amax: dict[str, torch.Tensor], alpha: float = ALPHA) -> tuple[dict, dict]:
