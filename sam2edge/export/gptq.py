@@ -14,11 +14,11 @@ a target's max-abs scale is ours and its rounding reproduces these int8 values e
 A layer the mixed-precision selection keeps fp32 computes in fp32 with these same weights (the selection measures
 the emulation built from them, so what it chose is what the bundle runs).
 
-Why: upstream-s3 of the robustness set, full-size Hiera-Tiny, ExecuTorch's int8 emulated (smoothed, 40 clicks):
-worst / median mask IoU 0.0626 / 0.9949 with nearest rounding, 0.9915 / 0.9966 with this; the layers' output
-error on the calibration photos fell to 2 % (median) of nearest rounding's. With weights int8 and activations
-fp32 the worst click read 0.0625, with activations int8 and weights fp32 0.9927: its mask is a near-flat logit
-map that any fixed change of the function shifts across the threshold.
+Why: upstream-s3 of the robustness set, full-size Hiera-Tiny, ExecuTorch's int8 emulated (smoothed, 40 clicks;
+``benchmarks/int8_fragile.py``): worst / median mask IoU 0.0626 / 0.9949 with nearest rounding, 0.9915 / 0.9966
+with this. With weights int8 and activations fp32 the worst click read 0.0625, with activations int8 and weights
+fp32 0.9914: its mask is a near-flat logit map that any fixed change of the function shifts across the threshold.
+``compensated``'s report gives each export's layers' output error against nearest rounding's.
 """
 
 from __future__ import annotations
