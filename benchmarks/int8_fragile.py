@@ -6,7 +6,8 @@ rounding and quantised operand, and how fragile the reference masks of its lowes
 For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
 channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
 click set: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
-kernels: ExecuTorch, LiteRT), the encoder plain or smoothed (``export.smooth``), its weights rounded to the
+kernels: ExecuTorch, LiteRT), the encoder plain, with its norms' pairs scaled (SmoothQuant) or shifted and
+scaled with the values' pair too (``export.smooth``, as exported), its weights rounded to the
 nearest grid point or with GPTQ's compensation (``export.gptq``, as every int8 export does), and with weights
 or activations alone int8 (which of the two a click's failure comes from). Every row names its lowest clicks
 with what makes a reference mask fragile (``checks.fidelity.metrics.end_to_end``): its area in pixels (a
@@ -27,20 +28,21 @@ from sam2edge.config import CONFIGS
 class Row(NamedTuple):
     label: str
     target: str  # whose activation granularity the emulation uses
-    smoothed: bool  # export.smooth applied
+    smoothing: str  # "none"; "scale": the norms' pairs scaled only (SmoothQuant); "shift": export.smooth as exported
     gptq: bool  # weights rounded with export.gptq (else nearest)
     quantised: str = "both"  # "both", "weights" (activations fp32) or "activations" (weights fp32)
 
 
 ROWS = (
-    Row("per tensor, plain", "onnx", False, False),
-    Row("per tensor, smoothed", "onnx", True, False),
-    Row("per token, plain", "executorch", False, False),
-    Row("per token, smoothed", "executorch", True, False),
-    Row("per token, smoothed, weights int8 only", "executorch", True, False, "weights"),
-    Row("per token, smoothed, activations int8 only", "executorch", True, False, "activations"),
-    Row("per tensor, smoothed + GPTQ (ONNX int8 as exported)", "onnx", True, True),
-    Row("per token, smoothed + GPTQ (ExecuTorch / LiteRT int8 as exported)", "executorch", True, True),
+    Row("per tensor, plain", "onnx", "none", False),
+    Row("per token, plain", "executorch", "none", False),
+    Row("per token, norms scaled", "executorch", "scale", False),
+    Row("per token, norms scaled + GPTQ", "executorch", "scale", True),
+    Row("per token, shifted and scaled", "executorch", "shift", False),
+    Row("per token, shifted and scaled, weights int8 only", "executorch", "shift", False, "weights"),
+    Row("per token, shifted and scaled, activations int8 only", "executorch", "shift", False, "activations"),
+    Row("per tensor, shifted and scaled + GPTQ (ONNX int8 as exported)", "onnx", "shift", True),
+    Row("per token, shifted and scaled + GPTQ (ExecuTorch / LiteRT int8 as exported)", "executorch", "shift", True),
 )
 
 
@@ -62,8 +64,8 @@ def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
     from sam2edge.export.precision import EMULATIONS, GraphBackend
     from sam2edge.runtime.predictor import Sam2Predictor
 
-    if row.smoothed:
-        sd = smooth.smoothed(sd, cfg, EMULATIONS[row.target].rewrites)[0]
+    if row.smoothing != "none":
+        sd = smooth.smoothed(sd, cfg, EMULATIONS[row.target].rewrites, shift=row.smoothing == "shift")[0]
     if row.gptq:
         sd = gptq.compensated(sd, cfg, smooth.CALIBRATION_PHOTOS)[0]
     emu = Int8Emulation(sd, cfg, row.target, reference)

@@ -102,3 +102,16 @@ def test_onnx_u8_file_stores_the_rounded_weights_unchanged(tmp_path):
             assert codes.dtype == np.uint8 and set(np.unique(zero)) == {128}
     np.testing.assert_allclose(got["u8"], q.numpy(), rtol=0, atol=1e-7)
     assert np.abs(got["u8-asymmetric"] - q.numpy()).max() > 1e-5  # the row's own grid moves them
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_act_order_rounds_the_largest_inputs_first_and_moves_the_output_less(seed):
+    """Inputs with a few channels far larger than the rest (what smoothing leaves behind on outlier weights):
+    rounding those columns first, while every other column can still take their error, beats the natural order."""
+    w, x, _h = _layer(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    x = x * torch.where(torch.rand(x.shape[1], generator=g) < 0.1, 12.0, 1.0)  # ~10% of the channels 12x larger
+    h = (x.double().T @ x.double()) / x.shape[0]
+    ordered, natural = rounded(w, h), rounded(w, h, act_order=False)
+    torch.testing.assert_close(nearest(ordered), ordered, rtol=1e-6, atol=1e-9)  # still on the targets' grid
+    assert output_error(w, ordered, h) < 0.5 * output_error(w, natural, h)  # measured 0.05-0.08, 6 seeds

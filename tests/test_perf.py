@@ -291,6 +291,9 @@ def test_litert_int8_encoder_passes_the_int8_bar(tmp_path: Path) -> None:
     lint = card["extra"]["lint"]
     assert "INT8" in lint["encoder.tflite"]["weight_dtypes"] and "INT8" not in lint["decoder.tflite"]["weight_dtypes"]
     assert "SmoothQuant" in card["extra"]["int8_smoothing"]  # the encoder smoothed, as every int8 export's
+    assert card["extra"]["int8_smoothed_pairs"] == 3 * 6  # test-small's 6 blocks: two norms and the values each
+    err = card["extra"]["int8_rounding_error"]  # GPTQ's output error on the calibration photos, vs nearest's
+    assert err["layers"] > 0 and 0 < err["error_vs_nearest_median"] < 1
     assert fid["checks"]["gpu_delegate"]["skipped"] and not fid["checks"]["gpu_decoder_fidelity"]["failures"]
 
 

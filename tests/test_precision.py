@@ -199,8 +199,10 @@ def test_int8_fake_quant_matches_the_dynamic_schemes():
 
 
 def test_smoothing_is_the_same_function_in_fp32():
-    """SmoothQuant-style scaling (``export.smooth``) moves range between a LayerNorm and its Linear readers:
-    the encoder's outputs are unchanged in fp32 while the norms' output ranges shrink."""
+    """Shift and scale (``export.smooth``) move range between a LayerNorm and its Linear readers and between the
+    values and the attention's projection: with outlier channels that sit at a constant offset (as trained
+    transformers' do), the encoder's outputs are unchanged in fp32 (test-small pads its stage-3 / 4 windows:
+    those norms are scaled only) while the ranges int8 quantises per token shrink."""
     from sam2edge.checks.fidelity.checkpoints import variant_state_dict
     from sam2edge.config import TEST_SMALL
     from sam2edge.export.smooth import calibrate, smoothed
@@ -208,8 +210,10 @@ def test_smoothing_is_the_same_function_in_fp32():
 
     sd = variant_state_dict("synthetic:1", TEST_SMALL)
     sd["image_encoder.trunk.blocks.1.norm2.weight"][3] *= 20  # an outlier channel
+    sd["image_encoder.trunk.patch_embed.proj.bias"][5] += 8.0  # a residual channel at a constant offset
     new, report = smoothed(sd, TEST_SMALL, Rewrites())
     assert report and max(r["max_scale"] for r in report.values()) > 1
+    assert max(r["max_shift"] for r in report.values()) > 0.5
     x = torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(0))
     models = []
     for s in (sd, new):
@@ -220,9 +224,13 @@ def test_smoothing_is_the_same_function_in_fp32():
         for a, b in zip(models[0].encode_image(x), models[1].encode_image(x), strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
     before, after = (calibrate(m, TEST_SMALL, ("horse.png",)) for m in models)
-    key = "blocks.1.norm2"
-    ratio = [float(d[key].max() / d[key].median()) for d in (before, after)]
-    assert ratio[1] < ratio[0], ratio
+    assert not before["blocks.4.norm1"].shiftable and before["blocks.0.norm1"].shiftable  # stage 3 pads
+
+    def spread(r):  # the extent a token's int8 step must cover, against the median channel's own width
+        return float(torch.maximum(r.hi.abs(), r.lo.abs()).max() / (r.hi - r.lo).median())
+
+    for key in ("blocks.1.norm2", "blocks.1.attn", "blocks.0.norm1"):
+        assert spread(after[key]) < spread(before[key]), key
 
 
 @pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])

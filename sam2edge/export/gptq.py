@@ -5,7 +5,9 @@ Every int8 target stores each encoder Linear's weight rows as int8 on a symmetri
 Rounding each weight to its nearest grid point (what the targets' quantisers do) is a fixed change of the
 function; GPTQ instead rounds the input columns one at a time and spreads each column's rounding error over
 the columns not yet rounded, weighted by the inverse of ``H = E[x x^T]`` (the layer's inputs on calibration
-photos), so that ``W x`` moves as little as possible for inputs like the photos'.
+photos), so that ``W x`` moves as little as possible for inputs like the photos'. The columns go in the order
+of their inputs' energy (``diag(H)``, largest first: GPTQ's "act order"), so the columns smoothing widened are
+rounded while every other column can still take their error.
 
 The result is a weight that lies on the same grid (each row keeps its largest-magnitude entry at +-127, so
 a target's max-abs scale is ours and its rounding reproduces these int8 values exactly): an int8 export quantises
@@ -14,11 +16,12 @@ a target's max-abs scale is ours and its rounding reproduces these int8 values e
 A layer the mixed-precision selection keeps fp32 computes in fp32 with these same weights (the selection measures
 the emulation built from them, so what it chose is what the bundle runs).
 
-Why: upstream-s3 of the robustness set, full-size Hiera-Tiny, ExecuTorch's int8 emulated (smoothed, 40 clicks;
-``benchmarks/int8_fragile.py``): worst / median mask IoU 0.0626 / 0.9949 with nearest rounding, 0.9915 / 0.9966
-with this. With weights int8 and activations fp32 the worst click read 0.0625, with activations int8 and weights
-fp32 0.9914: its mask is a near-flat logit map that any fixed change of the function shifts across the threshold.
-``compensated``'s report gives each export's layers' output error against nearest rounding's.
+Why: upstream-s3 of the robustness set, full-size Hiera-Tiny, ExecuTorch's int8 emulated (shifted and scaled, 40
+clicks; ``benchmarks/int8_fragile.py``): worst / median mask IoU 0.0625 / 0.9958 with nearest rounding, 0.9921 /
+0.9971 with this. With weights int8 and activations fp32 the worst click read 0.0624, with activations int8 and
+weights fp32 0.9926: its mask is a near-flat logit map that any fixed change of the function shifts across the
+threshold. ``compensated``'s report (card.json ``extra.int8_rounding_error``) gives the layers' output error
+against nearest rounding's.
 """
 
 from __future__ import annotations
@@ -59,9 +62,14 @@ def hessians(model: nn.Module, cfg: Sam2Config, photos: tuple[str, ...]) -> dict
 
 
 @torch.no_grad()
-def rounded(w: torch.Tensor, h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
+def rounded(w: torch.Tensor, h: torch.Tensor, damp: float = DAMP, act_order: bool = True) -> torch.Tensor:
     """``w`` (out x in) on its symmetric per-row int8 grid, rounded column by column with GPTQ's error
-    compensation for inputs of second moment ``h`` (in x in), dequantised, ``w``'s dtype."""
+    compensation for inputs of second moment ``h`` (in x in), dequantised, ``w``'s dtype. ``act_order``: the
+    columns of the largest inputs first (``diag(h)`` descending), while the most columns are left to take their
+    error (GPTQ's "act order")."""
+    if act_order:
+        order = torch.argsort(torch.diag(h), descending=True)  # (in,): column permutation
+        return rounded(w[:, order], h[order][:, order], damp, act_order=False)[:, torch.argsort(order)]
     W = w.double().clone()  # (out, in), updated as columns are rounded
     H = h.double().clone()
     cols = W.shape[1]

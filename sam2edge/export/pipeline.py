@@ -40,7 +40,7 @@ from sam2edge.export.kept import fp32_kept
 from sam2edge.export.mixed import widened
 from sam2edge.export.provenance import shared_provenance
 from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
-from sam2edge.export.smooth import ROUNDING_NOTE, export_weights
+from sam2edge.export.smooth import ROUNDING_NOTE, export_weights, prepared_weights
 from sam2edge.io import atomic_dir
 from sam2edge.model import UPSTREAM, Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.progress import Stages, stage
@@ -319,6 +319,7 @@ def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
         **({"fp32_kept": kept} if kept else {}),
         **({"mixed_precision": job.state["mixed_precision"]} if "mixed_precision" in job.state else {}),
         **({"int8_smoothing": SMOOTHING_NOTE, "int8_rounding": ROUNDING_NOTE} if job.precision == "int8" else {}),
+        **job.state.get("weights_report", {}),  # int8: pairs smoothed, the rounding's output error
     }
 
 
@@ -353,13 +354,14 @@ def run_export(
     check_int8_reaches(entry, cfg, config_name, precision)
     sd_all, source = weights if weights is not None else _load(checkpoint, cfg, vcfg)
     sd = vid.image_part(sd_all, cfg) if video else sd_all
-    model = spec.model(export_weights(sd, cfg, precision), cfg, precision, spec.rewrites)  # int8: smoothed
+    prepared, weights_report = prepared_weights(sd, cfg, precision)  # int8: smoothed and GPTQ-rounded
+    model = spec.model(prepared, cfg, precision, spec.rewrites)
     stages = Stages(f"export {target} {precision}", len(GRAPH_SET) + 2 + len(spec.checks) + (spec.lint is not None))
     try:
         with atomic_dir(out) as tmp:
             job = Job(entry, cfg, config_name, precision, sd, source, model, tmp, allow_dirty, clicks)
             job.vcfg, job.bars = vcfg, bars
-            job.state.update(options or {})
+            job.state.update({**(options or {}), "weights_report": weights_report})
             if video:
                 vid.prepare(job, sd_all, spec.rewrites)
             fidelity = _build_and_measure(spec, job, stages, bars)
