@@ -56,18 +56,27 @@ def _problem(args) -> str | None:
     return None
 
 
-def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
-    """End-to-end summary (worst, median, lowest clicks with their fragility) of the emulation ``row``."""
-    from sam2edge.checks.fidelity.metrics import end_to_end
+def prepared(sd: dict, cfg, row: Row) -> dict:
+    """The state dict ``row`` quantises: ``sd`` smoothed as ``row.smoothing`` says, GPTQ-rounded if ``row.gptq``
+    (shifted and scaled + GPTQ: ``export.smooth.prepared_weights``, what every int8 export quantises)."""
     from sam2edge.export import gptq, smooth
+    from sam2edge.model import Rewrites
+
+    if row.smoothing == "shift" and row.gptq:
+        return smooth.prepared_weights(sd, cfg, "int8")[0]
+    if row.smoothing != "none":
+        sd = smooth.smoothed(sd, cfg, Rewrites(), shift=row.smoothing == "shift")[0]
+    return gptq.compensated(sd, cfg, smooth.CALIBRATION_PHOTOS)[0] if row.gptq else sd
+
+
+def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
+    """End-to-end summary (worst, median, lowest clicks with their fragility) of the emulation ``row`` on the
+    state dict it quantises (``prepared``)."""
+    from sam2edge.checks.fidelity.metrics import end_to_end
     from sam2edge.export.int8_sensitivity import Int8Emulation
-    from sam2edge.export.precision import EMULATIONS, GraphBackend
+    from sam2edge.export.precision import GraphBackend
     from sam2edge.runtime.predictor import Sam2Predictor
 
-    if row.smoothing != "none":
-        sd = smooth.smoothed(sd, cfg, EMULATIONS[row.target].rewrites, shift=row.smoothing == "shift")[0]
-    if row.gptq:
-        sd = gptq.compensated(sd, cfg, smooth.CALIBRATION_PHOTOS)[0]
     emu = Int8Emulation(sd, cfg, row.target, reference)
     for layer in emu.layers.values():
         if row.quantised == "activations":
@@ -109,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
+        weights: dict[tuple[str, bool], dict] = {}  # (smoothing, gptq) -> the state dict rows with both quantise
         for row in ROWS:
-            e = measure(sd, cfg, row, reference, prompts)
+            key = (row.smoothing, row.gptq)
+            weights[key] = weights[key] if key in weights else prepared(sd, cfg, row)
+            e = measure(weights[key], cfg, row, reference, prompts)
             low = "; ".join(
                 f"{c['photo']} {c['kind']} {c['iou']:.3f}, {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%}"
                 for c in e["lowest_clicks"][:3]

@@ -73,6 +73,43 @@ def test_int8_export_weights_are_gptq_rounded_on_the_grid():
     assert all(torch.equal(out[k], smooth[k]) for k in out if k not in linears)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_one_calibration_pass_gives_the_smoothed_layers_moments(seed):
+    """An int8 export runs its calibration photos once: the second moments GPTQ needs for a layer whose input the
+    smoothing shifted and scaled are computed from the original input's (``moved``), and equal those measured by
+    running the photos through the smoothed model itself."""
+    from dataclasses import replace
+
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export.gptq import MomentRecorder, hessians, moved
+    from sam2edge.export.smooth import RangeRecorder, encode_photos, readers, shifts_and_scales, smooth_state_dict
+    from sam2edge.model import Rewrites, build_sam2
+
+    sd = variant_state_dict(f"synthetic:{seed}", TEST_SMALL)
+    sd["image_encoder.trunk.patch_embed.proj.bias"][5] += 8.0  # a residual channel at a constant offset
+    photos = ("horse.png",)
+
+    def model(weights):
+        m = build_sam2(TEST_SMALL, replace(Rewrites(), qkv="fused"))
+        m.load_state_dict(weights)
+        return m.eval()
+
+    plain = model(sd)
+    ranges, moments = RangeRecorder(plain), MomentRecorder(plain)
+    with torch.no_grad():
+        encode_photos(plain, TEST_SMALL, photos, ranges.hooks + moments.hooks)
+    m = moments.moments()
+    measured = hessians(model(smooth_state_dict(sd, ranges.ranges())[0]), TEST_SMALL, photos)
+    checked = 0
+    for key, (d, s) in shifts_and_scales(sd, ranges.ranges()).items():
+        for name in readers(sd, key):
+            want = measured[name]
+            torch.testing.assert_close(moved(*m[name], d, s), want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+            checked += 1
+    assert checked >= 3 * len(plain.image_encoder.trunk.blocks)  # qkv, mlp.layers.0 and attn.proj of every block
+
+
 def test_onnx_u8_file_stores_the_rounded_weights_unchanged(tmp_path):
     """encoder.onnx's u8 weights are the symmetric s8 codes + 128 (zero point 128): dequantised they are the
     GPTQ-rounded weights themselves; onnxruntime's asymmetric QUInt8 would have rounded them again."""

@@ -20,7 +20,7 @@ Why: upstream-s3 of the robustness set, full-size Hiera-Tiny, ExecuTorch's int8 
 clicks; ``benchmarks/int8_fragile.py``): worst / median mask IoU 0.0625 / 0.9958 with nearest rounding, 0.9921 /
 0.9971 with this. With weights int8 and activations fp32 the worst click read 0.0624, with activations int8 and
 weights fp32 0.9926: its mask is a near-flat logit map that any fixed change of the function shifts across the
-threshold. ``compensated``'s report (card.json ``extra.int8_rounding_error``) gives the layers' output error
+threshold. ``round_layers``' report (card.json ``extra.int8_rounding_error``) gives the layers' output error
 against nearest rounding's.
 """
 
@@ -39,26 +39,49 @@ BLOCK = 128  # columns rounded per block before the rest is updated (same result
 QMAX = 127  # symmetric int8 grid: q in [-127, 127]
 
 
+class MomentRecorder:
+    """Forward hooks on every encoder Linear of ``model`` (its qkv one Linear) that sum, while photos run through
+    its encoder, each layer's input ``x x^T`` and ``x`` (float64) over the tokens. ``hooks``: for
+    ``export.smooth.encode_photos``; ``moments()`` once the photos have run."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.sums: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.hooks = [
+            m.register_forward_hook(lambda _m, inp, _out, name=name: self._record(name, inp[0]))
+            for name, m in model.named_modules()
+            if name.startswith(ENCODER) and isinstance(m, nn.Linear)
+        ]
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()  # (tokens, in)
+        xx, xs, n = x.T @ x, x.sum(0), x.shape[0]
+        if name in self.sums:
+            a, b, c = self.sums[name]
+            xx, xs, n = a + xx, b + xs, c + n
+        self.sums[name] = (xx, xs, n)
+
+    def moments(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Module name -> (``E[x x^T]`` (in x in), ``E[x]`` (in,)), float64."""
+        return {k: (xx / n, xs / n) for k, (xx, xs, n) in self.sums.items()}
+
+
 @torch.no_grad()
 def hessians(model: nn.Module, cfg: Sam2Config, photos: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Module name -> ``E[x x^T]`` (float64, ``in x in``) of each encoder Linear's input over the tokens of
     ``photos`` (the fp32 ``model``; its qkv must be one Linear)."""
     from sam2edge.export.smooth import encode_photos
 
-    sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
-    hooks = []
-    for name, m in model.named_modules():
-        if name.startswith(ENCODER) and isinstance(m, nn.Linear):
+    rec = MomentRecorder(model)
+    encode_photos(model, cfg, photos, rec.hooks)
+    return {k: h for k, (h, _m) in rec.moments().items()}
 
-            def hook(_m, inp, _out, name=name):
-                x = inp[0].reshape(-1, inp[0].shape[-1]).double()  # (tokens, in)
-                sums[name] = sums[name] + x.T @ x if name in sums else x.T @ x
-                counts[name] = counts.get(name, 0) + x.shape[0]
 
-            hooks.append(m.register_forward_hook(hook))
-    encode_photos(model, cfg, photos, hooks)
-    return {k: s / counts[k] for k, s in sums.items()}
+def moved(h: torch.Tensor, mean: torch.Tensor, d: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The second moment of ``(x - d) / s`` from ``x``'s (``h`` = E[x x^T], ``mean`` = E[x]): what a layer
+    reads after ``export.smooth`` shifted and scaled its input (``S^-1 (H - d m^T - m d^T + d d^T) S^-1``)."""
+    d, s = d.double(), s.double()
+    centred = h - torch.outer(d, mean) - torch.outer(mean, d) + torch.outer(d, d)
+    return centred / torch.outer(s, s)
 
 
 @torch.no_grad()
@@ -107,16 +130,23 @@ def output_error(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
 
 
 def compensated(sd: dict, cfg: Sam2Config, photos: tuple[str, ...]) -> tuple[dict, dict]:
-    """(``sd`` with every encoder Linear weight GPTQ-rounded on its int8 grid, report): the report gives the
-    layers' output error on ``photos`` against nearest rounding's (median, max ratio)."""
+    """(``sd`` with every encoder Linear weight GPTQ-rounded on its int8 grid, report): ``round_layers`` with
+    the second moments of ``sd``'s own fp32 model on ``photos``."""
     from dataclasses import replace
 
     from sam2edge.model import Rewrites, build_sam2
 
     model = build_sam2(cfg, replace(Rewrites(), qkv="fused"))
     model.load_state_dict(sd)
+    return round_layers(sd, hessians(model.eval(), cfg, photos))
+
+
+def round_layers(sd: dict, hs: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(``sd`` with the weight of every layer of ``hs`` (module name -> its inputs' ``E[x x^T]``) GPTQ-rounded
+    on its int8 grid, report): the report gives the layers' output error against nearest rounding's (median,
+    max ratio)."""
     out, ratios = dict(sd), []
-    for name, h in hessians(model.eval(), cfg, photos).items():
+    for name, h in hs.items():
         w = sd[f"{name}.weight"]
         out[f"{name}.weight"] = q = rounded(w, h)
         ratios.append(output_error(w, q, h) / max(output_error(w, nearest(w), h), 1e-30))

@@ -20,7 +20,8 @@ change's shortcut, which reads the same normalised input), ``norm2`` -> ``mlp.la
 ``attn.proj``. A windowed block whose grid is not a multiple of its window pads ``norm1``'s output with zeros, which
 a shift would move: there ``norm1`` is scaled only (zeros stay zeros).
 ``smooth_state_dict`` is a pure function of a sam2edge state dict; ``calibrate`` measures the ranges on photos.
-Every int8 export quantises the state dict ``export_weights`` returns (``export.pipeline``), on every target.
+Every int8 export quantises the state dict ``export_weights`` returns (``export.pipeline``), on every target:
+shifted and scaled, then GPTQ-rounded (``export.gptq``), both calibrated by one pass of the photos.
 
 Why (upstream-s4-outliers of the robustness set: outlier residual channels at a constant offset; full-size
 Hiera-Tiny, ExecuTorch's int8 emulated with activations per token, 40 clicks; ``benchmarks/int8_fragile.py``),
@@ -60,37 +61,50 @@ class ChannelRange(NamedTuple):
     shiftable: bool  # False where zero padding follows (a shift would move the pad's value)
 
 
+class RangeRecorder:
+    """Forward hooks on ``model``'s Hiera blocks that record, while photos run through its encoder, the
+    per-channel range of each LayerNorm of ``PAIRS`` (``"blocks.i.normK"``) and of the values entering
+    ``attn.proj`` (``"blocks.i.attn"``), and which blocks pad their windows. ``hooks``: for ``encode_photos``;
+    ``ranges()`` once the photos have run."""
+
+    def __init__(self, model) -> None:
+        self.seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.padded: set[int] = set()
+        self.hooks = []
+        # Hiera's blocks; a trunk without LayerNorm -> Linear pairs (RepViT: convolutions) has nothing to smooth
+        for i, blk in enumerate(getattr(model.image_encoder.trunk, "blocks", ())):
+            self.hooks.append(blk.register_forward_pre_hook(lambda m, inp, i=i: self._pads(m, inp, i)))
+            for norm in (n for n in PAIRS if hasattr(blk, n)):
+                key = f"blocks.{i}.{norm}"
+                self.hooks.append(getattr(blk, norm).register_forward_hook(lambda _m, _i, o, k=key: self._record(k, o)))
+            key = f"blocks.{i}.{VALUES}"
+            self.hooks.append(blk.attn.proj.register_forward_pre_hook(lambda _m, inp, k=key: self._record(k, inp[0])))
+
+    def _record(self, key: str, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1])  # (tokens, C)
+        lo, hi = x.amin(0), x.amax(0)
+        seen = self.seen
+        seen[key] = (torch.minimum(seen[key][0], lo), torch.maximum(seen[key][1], hi)) if key in seen else (lo, hi)
+
+    def _pads(self, blk, inp, i: int) -> None:  # inp[0]: (B, H, W, C), a block's input
+        ws, (h, w) = blk.window_size, inp[0].shape[1:3]
+        if ws > 0 and (h % ws or w % ws):
+            self.padded.add(i)
+
+    def ranges(self) -> dict[str, ChannelRange]:
+        return {
+            k: ChannelRange(lo, hi, not (k.endswith(".norm1") and int(k.split(".")[1]) in self.padded))
+            for k, (lo, hi) in self.seen.items()
+        }
+
+
 @torch.no_grad()
 def calibrate(model, cfg: Sam2Config, photos: tuple[str, ...] = CALIBRATION_PHOTOS) -> dict[str, ChannelRange]:
     """``"blocks.i.normK"`` (that LayerNorm's output) and ``"blocks.i.attn"`` (the values entering ``attn.proj``)
     -> per-channel range over ``photos`` (fp32 model)."""
-    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    padded: set[int] = set()
-    hooks = []
-
-    def record(key: str, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1])  # (tokens, C)
-        lo, hi = x.amin(0), x.amax(0)
-        seen[key] = (torch.minimum(seen[key][0], lo), torch.maximum(seen[key][1], hi)) if key in seen else (lo, hi)
-
-    def pads(blk, inp, i):  # (B, H, W, C) input of a block
-        ws, (h, w) = blk.window_size, inp[0].shape[1:3]
-        if ws > 0 and (h % ws or w % ws):
-            padded.add(i)
-
-    # Hiera's blocks; a trunk without LayerNorm -> Linear pairs (RepViT: convolutions) has nothing to smooth
-    for i, blk in enumerate(getattr(model.image_encoder.trunk, "blocks", ())):
-        hooks.append(blk.register_forward_pre_hook(lambda m, inp, i=i: pads(m, inp, i)))
-        for norm in (n for n in PAIRS if hasattr(blk, n)):
-            key = f"blocks.{i}.{norm}"
-            hooks.append(getattr(blk, norm).register_forward_hook(lambda _m, _i, out, k=key: record(k, out)))
-        key = f"blocks.{i}.{VALUES}"
-        hooks.append(blk.attn.proj.register_forward_pre_hook(lambda _m, inp, k=key: record(k, inp[0])))
-    encode_photos(model, cfg, photos, hooks)
-    return {
-        k: ChannelRange(lo, hi, not (k.endswith(".norm1") and int(k.split(".")[1]) in padded))
-        for k, (lo, hi) in seen.items()
-    }
+    rec = RangeRecorder(model)
+    encode_photos(model, cfg, photos, rec.hooks)
+    return rec.ranges()
 
 
 def encode_photos(model, cfg: Sam2Config, photos: tuple[str, ...], hooks: list) -> None:
@@ -119,36 +133,48 @@ def _shift_and_scale(
     return d, s
 
 
+def readers(sd: dict, key: str) -> list[str]:
+    """The Linear layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
+    ``PAIRS`` that the block has, or the values' ``attn.proj``."""
+    i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
+    names = ("attn.proj",) if part == VALUES else PAIRS[part]
+    return [f"{BLOCK.format(i)}{n}" for n in names if f"{BLOCK.format(i)}{n}.weight" in sd]
+
+
+def shifts_and_scales(
+    sd: dict, ranges: dict[str, ChannelRange], alpha: float = ALPHA, shift: bool = True
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Calibration key -> (d, s), each (C,): the readers' inputs become ``(x - d) / s``. ``shift=False``:
+    SmoothQuant alone, the norms' pairs scaled and nothing shifted (the values' pairs left out)."""
+    out = {}
+    for key, r in ranges.items():
+        if key.endswith(f".{VALUES}") and not shift:
+            continue
+        wmax = torch.stack([sd[f"{n}.weight"].abs().amax(0) for n in readers(sd, key)]).amax(0)  # per input channel
+        out[key] = _shift_and_scale(r, wmax, alpha, shift)
+    return out
+
+
 def smooth_state_dict(
     sd: dict, ranges: dict[str, ChannelRange], alpha: float = ALPHA, shift: bool = True
 ) -> tuple[dict, dict]:
-    """(shifted and scaled state dict, {pair: max / median scale, max |shift|}) for every pair of ``ranges``;
-    ``shift=False``: SmoothQuant alone, the norms' pairs scaled and nothing shifted (for comparison)."""
-    out = dict(sd)
-    report = {}
-    for key, r in ranges.items():
+    """(shifted and scaled state dict, {pair: max / median scale, max |shift|}) for every pair of ``ranges``
+    (``shifts_and_scales``; ``shift=False``: SmoothQuant alone, for comparison)."""
+    out, report = dict(sd), {}
+    for key, (d, s) in shifts_and_scales(sd, ranges, alpha, shift).items():
         i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
         pre = BLOCK.format(i)
-        if part == VALUES and not shift:
-            continue
-        if part == VALUES:
-            w, qkv_w, qkv_b = sd[f"{pre}attn.proj.weight"], out[f"{pre}attn.qkv.weight"], out[f"{pre}attn.qkv.bias"]
-            c = w.shape[1]  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
-            d, s = _shift_and_scale(r, w.abs().amax(0), alpha, shift)
-            v = slice(2 * c, 3 * c)
-            out[f"{pre}attn.qkv.weight"] = torch.cat([qkv_w[: 2 * c], qkv_w[v] / s[:, None]])
-            out[f"{pre}attn.qkv.bias"] = torch.cat([qkv_b[: 2 * c], (qkv_b[v] - d) / s])
-            out[f"{pre}attn.proj.bias"] = sd[f"{pre}attn.proj.bias"] + w @ d
-            out[f"{pre}attn.proj.weight"] = w * s[None, :]
+        if part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
+            qkv_w, qkv_b = out[f"{pre}attn.qkv.weight"], out[f"{pre}attn.qkv.bias"]
+            v = slice(2 * len(d), 3 * len(d))
+            out[f"{pre}attn.qkv.weight"] = torch.cat([qkv_w[: v.start], qkv_w[v] / s[:, None]])
+            out[f"{pre}attn.qkv.bias"] = torch.cat([qkv_b[: v.start], (qkv_b[v] - d) / s])
         else:
-            readers = [f"{pre}{c}" for c in PAIRS[part] if f"{pre}{c}.weight" in sd]
-            wmax = torch.stack([sd[f"{c}.weight"].abs().amax(0) for c in readers]).amax(0)  # per input channel
-            d, s = _shift_and_scale(r, wmax, alpha, shift)
             out[f"{pre}{part}.weight"] = sd[f"{pre}{part}.weight"] / s
             out[f"{pre}{part}.bias"] = (sd[f"{pre}{part}.bias"] - d) / s
-            for c in readers:
-                out[f"{c}.bias"] = out[f"{c}.bias"] + out[f"{c}.weight"] @ d
-                out[f"{c}.weight"] = out[f"{c}.weight"] * s[None, :]
+        for c in readers(sd, key):
+            out[f"{c}.bias"] = out[f"{c}.bias"] + out[f"{c}.weight"] @ d
+            out[f"{c}.weight"] = out[f"{c}.weight"] * s[None, :]
         report[key] = {
             "max_scale": float(s.max()),
             "median_scale": float(s.median()),
@@ -178,14 +204,28 @@ def prepared_weights(sd: dict, cfg: Sam2Config, precision: str) -> tuple[dict, d
     """(the state dict an export at ``precision`` builds its graphs from, what was done to it, for the card):
     int8 shifted and scaled (the fp32 function is the same), then its encoder Linear weights GPTQ-rounded onto
     their int8 grid (``export.gptq``; the report gives the layers' output error against nearest rounding's);
-    every other precision ``sd`` itself and ``{}``."""
+    every other precision ``sd`` itself and ``{}``. One pass of the calibration photos measures both the
+    ranges and each layer's input moments; a shifted and scaled layer's moments follow from its input's
+    (``export.gptq.moved``)."""
     if precision != "int8":
         return sd, {}
-    from sam2edge.export.gptq import compensated
-    from sam2edge.model import Rewrites
+    from dataclasses import replace
 
-    shifted, pairs = smoothed(sd, cfg, Rewrites())
-    rounded, error = compensated(shifted, cfg, CALIBRATION_PHOTOS)
+    from sam2edge.export.gptq import MomentRecorder, moved, round_layers
+    from sam2edge.model import Rewrites, build_sam2
+
+    model = build_sam2(cfg, replace(Rewrites(), qkv="fused"))
+    model.load_state_dict(sd)
+    ranges, moments = RangeRecorder(model), MomentRecorder(model)
+    with torch.no_grad():
+        encode_photos(model.eval(), cfg, CALIBRATION_PHOTOS, ranges.hooks + moments.hooks)
+    r, m = ranges.ranges(), moments.moments()
+    shifted, pairs = smooth_state_dict(sd, r)
+    hs = {name: h for name, (h, _mean) in m.items()}
+    for key, (d, s) in shifts_and_scales(sd, r).items():
+        for name in readers(sd, key):
+            hs[name] = moved(*m[name], d, s)
+    rounded, error = round_layers(shifted, hs)
     return rounded, {"int8_smoothed_pairs": len(pairs), "int8_rounding_error": error}
 
 
