@@ -286,6 +286,56 @@ def test_int8_selection_keeps_sensitive_layers_until_the_goal_holds(spec):
     assert meets(sel.chosen.iou_worst, sel.chosen.iou_median, SELECTION_BARS, {})
 
 
+class _FakeInt8Emulation:
+    """Stands in for ``Int8Emulation``: every click reads 0.999 but the box+point click of ``BAD``, which only
+    layer "b" kept fp32 lifts; layer "a" kept fp32 lifts the point clicks a little (a ranking over point clicks
+    alone would put it first). ``median_only``: every click reads 0.985 unless "c" is kept."""
+
+    BAD, median_only, calls = "", False, []
+
+    def __init__(self, sd, cfg, target, reference) -> None:
+        self.layers = {"a": None, "b": None, "c": None}
+
+    def ious(self, prompts, kept=()):
+        type(self).calls.append((tuple(kept), [(p.photo, p.kind) for p in prompts]))
+        if self.median_only:
+            return [0.995 if "c" in kept else 0.985 for _ in prompts]
+        out = []
+        for p in prompts:
+            v = 0.9995 if ("a" in kept and p.kind == "point") else 0.999
+            if (p.photo, p.kind) == (self.BAD, "box+point"):
+                v = 0.99 if "b" in kept else 0.90
+            out.append(v)
+        return out
+
+
+@pytest.mark.parametrize("median_only", [False, True])
+def test_int8_ranking_measures_every_click_of_the_photos_that_failed(monkeypatch, median_only):
+    """The clicks under the worst bar decide what the ranking measures: every click of their photos (all four
+    prompt kinds, one encode each), so the layer that lifts a failing box click is ranked first and kept; where
+    only the median misses, the point clicks of ``click_set(rank_clicks)``."""
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.export import int8_sensitivity as s8
+
+    bad = click_set(40)[3].photo
+    monkeypatch.setattr(_FakeInt8Emulation, "BAD", bad)
+    monkeypatch.setattr(_FakeInt8Emulation, "median_only", median_only)
+    monkeypatch.setattr(_FakeInt8Emulation, "calls", [])
+    monkeypatch.setattr(s8, "Int8Emulation", _FakeInt8Emulation)
+    sel = s8.select_int8({}, TEST_SMALL, "executorch", None, clicks=40, rank_clicks=10)
+    alone = [prompts for kept, prompts in _FakeInt8Emulation.calls if len(kept) == 1 and len(prompts) < 40]
+    assert len(alone) == 3 and sel.holds
+    if median_only:
+        assert sel.ranked_on == ("click_set(10)",) and sel.kept == ("c",)
+        assert all(p == [(q.photo, q.kind) for q in click_set(10)] for p in alone)
+    else:
+        assert sel.ranked_on == (bad,) and sel.kept == ("b",), sel.as_dict()
+        for prompts in alone:
+            assert {photo for photo, _ in prompts} == {bad}
+            assert {kind for _, kind in prompts} == {"point", "points", "box", "box+point"}
+    assert sel.as_dict()["ranked_on"] == list(sel.ranked_on)
+
+
 def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16():
     """ExecuTorch: the XNNPACK quantizer leaves a kept Linear fp32 (one weight dequantisation fewer), and
     ``fp16_encoder`` leaves a kept part fp32 (weights and arithmetic), by module name under the graph's model."""

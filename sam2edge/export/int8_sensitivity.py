@@ -182,6 +182,11 @@ RANK_CLICKS = 10  # the ranking's clicks (``sam2edge diagnose --int8``'s default
 MAX_KEPT = 16  # at most this many encoder Linears kept fp32 (Hiera-Tiny has 50)
 
 
+def failing_photos(prompts, ious, worst: float) -> tuple[str, ...]:
+    """The photos (in the click set's order) holding a click of ``prompts`` whose IoU is under ``worst``."""
+    return tuple(dict.fromkeys(p.photo for p, v in zip(prompts, ious, strict=True) if not v >= worst))
+
+
 def select_int8(
     sd: dict,
     cfg: Sam2Config,
@@ -195,24 +200,38 @@ def select_int8(
 ):
     """Which encoder Linears a dynamic-int8 export of ``sd`` (the state dict it quantises, smoothed or not)
     keeps fp32 (``export.mixed.select``): the all-int8 emulation measured over ``click_set(clicks)``; if it
-    misses ``bars`` (default ``SELECTION_BARS``), ``sweep``'s ranking over ``rank_clicks`` (the layers whose
-    fp32 copy lifts the worst IoU most first), then the fewest kept until the bars hold. ``fallback`` (the
-    int8 shipping bar): aimed at when even every Linear kept fp32 misses ``bars`` (``export.mixed.select``)."""
-    from sam2edge.checks.fidelity import click_set
-    from sam2edge.export.mixed import select
+    misses ``bars`` (default ``SELECTION_BARS``), a ranking of every Linear kept fp32 alone (the layers that lift
+    the worst IoU most first), then the fewest kept until the bars hold. The ranking measures every click of
+    the photos whose clicks fell under the worst bar (``failing_photos``: a photo's clicks share one encode,
+    so all its prompt kinds cost one photo's time), or ``click_set(rank_clicks)`` where only the median missed;
+    the selection's ``ranked_on`` names them. ``fallback`` (the int8 shipping bar): aimed at when even every
+    Linear kept fp32 misses ``bars`` (``export.mixed.select``)."""
+    import dataclasses
 
-    prompts, rank_prompts = click_set(clicks), click_set(rank_clicks)
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.export.mixed import MARGIN, select
+
+    bars = SELECTION_BARS if bars is None else bars
+    prompts = click_set(clicks)
     emu = Int8Emulation(sd, cfg, target, reference)
+    base: list[float] = []  # the all-int8 measurement's IoU per click
+    ranked_on: list[str] = []
 
     def measure(kept: tuple[str, ...]) -> tuple[float, float]:
         ious = emu.ious(prompts, kept)
+        if not kept:
+            base[:] = ious
         return float(min(ious)), float(np.median(ious))
 
     def ranking() -> list[dict]:
         from sam2edge.progress import Progress
 
+        photos = failing_photos(prompts, base, bars.get("min_iou_worst", 0.0) + MARGIN["min_iou_worst"])
+        rank_prompts = [p for p in prompts if p.photo in photos] or click_set(rank_clicks)
+        ranked_on[:] = photos or [f"click_set({rank_clicks})"]
         rows = []
-        with Progress("int8: ranking encoder layers (each kept fp32 alone)", len(emu.layers), "layer") as bar:
+        label = f"int8: ranking encoder layers (each kept fp32 alone) on {', '.join(ranked_on)}"
+        with Progress(label, len(emu.layers), "layer") as bar:
             for name in emu.layers:
                 bar.step(note=name)
                 ious = emu.ious(rank_prompts, (name,))
@@ -220,5 +239,5 @@ def select_int8(
                 rows.append({"part": name, "iou_worst_kept_alone": worst, "iou_mean_kept_alone": mean})
         return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
 
-    bars = SELECTION_BARS if bars is None else bars
-    return select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8", fallback=fallback)
+    sel = select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8", fallback=fallback)
+    return dataclasses.replace(sel, ranked_on=tuple(ranked_on))

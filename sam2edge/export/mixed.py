@@ -58,6 +58,7 @@ class Selection:
     ranking: tuple[dict, ...] = ()  # the ranking's rows, most harmful first
     aimed_at: Mapping[str, float] | None = None  # the bars the choice aimed at (None: the bars asked for)
     max_kept: int | None = None  # the most parts the selection may keep fp32 (``widened`` keeps to it too)
+    ranked_on: tuple[str, ...] = ()  # what the ranking measured, where the caller says (int8: the photos)
 
     @property
     def chosen(self) -> Trial:
@@ -74,6 +75,7 @@ class Selection:
             "ranking": list(self.ranking),
             **({"aimed_at": dict(self.aimed_at)} if self.aimed_at is not None else {}),
             **({"max_kept": self.max_kept} if self.max_kept is not None else {}),
+            **({"ranked_on": list(self.ranked_on)} if self.ranked_on else {}),
         }
 
 
