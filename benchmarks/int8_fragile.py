@@ -6,9 +6,10 @@ rounding and quantised operand, and how fragile the reference masks of its lowes
 For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
 channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
 click set: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
-kernels: ExecuTorch, LiteRT), the encoder plain, with its norms' pairs scaled (SmoothQuant) or shifted and
-scaled with the values' pair too (``export.smooth``, as exported), its weights rounded to the
-nearest grid point or with GPTQ's compensation (``export.gptq``, as every int8 export does), and with weights
+kernels: ExecuTorch, LiteRT; LiteRT's int8 convolutions too, one activation range per image, and with them kept
+fp32), the encoder plain, with its norms' pairs scaled (SmoothQuant) or shifted and scaled with the values' pair
+too (``export.smooth``, as exported), its weights rounded to the nearest grid point or with GPTQ's compensation
+(``export.gptq``, as every int8 export does), and with weights
 or activations alone int8 (which of the two a click's failure comes from). Every row names its lowest clicks
 with what makes a reference mask fragile (``checks.fidelity.metrics.end_to_end``): its area in pixels (a
 3-pixel mask reads IoU 0.33 for one pixel flipped) and the share of its low-res logits within 0.1 of the
@@ -31,6 +32,7 @@ class Row(NamedTuple):
     smoothing: str  # "none"; "scale": the norms' pairs scaled only (SmoothQuant); "shift": export.smooth as exported
     gptq: bool  # weights rounded with export.gptq (else nearest)
     quantised: str = "both"  # "both", "weights" (activations fp32) or "activations" (weights fp32)
+    convs_fp32: bool = False  # LiteRT: the encoder graph's convolutions kept fp32 (its linear layers int8)
 
 
 ROWS = (
@@ -42,7 +44,9 @@ ROWS = (
     Row("per token, shifted and scaled, weights int8 only", "executorch", "shift", False, "weights"),
     Row("per token, shifted and scaled, activations int8 only", "executorch", "shift", False, "activations"),
     Row("per tensor, shifted and scaled + GPTQ (ONNX int8 as exported)", "onnx", "shift", True),
-    Row("per token, shifted and scaled + GPTQ (ExecuTorch / LiteRT int8 as exported)", "executorch", "shift", True),
+    Row("per token, shifted and scaled + GPTQ (ExecuTorch int8 as exported)", "executorch", "shift", True),
+    Row("LiteRT int8 as exported (linear per token, convolutions one range per image)", "litert", "shift", True),
+    Row("the same, convolutions kept fp32", "litert", "shift", True, convs_fp32=True),
 )
 
 
@@ -72,6 +76,8 @@ def prepared(sd: dict, cfg, row: Row) -> dict:
 def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
     """End-to-end summary (worst, median, lowest clicks with their fragility) of the emulation ``row`` on the
     state dict it quantises (``prepared``)."""
+    from torch import nn
+
     from sam2edge.checks.fidelity.metrics import end_to_end
     from sam2edge.export.int8_sensitivity import Int8Emulation
     from sam2edge.export.precision import GraphBackend
@@ -79,6 +85,8 @@ def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
 
     emu = Int8Emulation(sd, cfg, row.target, reference)
     for layer in emu.layers.values():
+        if row.convs_fp32 and isinstance(layer, nn.Conv2d):
+            layer.int8_enabled = False
         if row.quantised == "activations":
             layer.int8_weight = layer.weight.detach()
         elif row.quantised == "weights":
