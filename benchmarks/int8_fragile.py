@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         weights: dict[tuple[str, bool], dict] = {}  # (smoothing, gptq) -> the state dict rows with both quantise
         for row in ROWS:
             key = (row.smoothing, row.gptq)
-            weights[key] = weights[key] if key in weights else prepared(sd, cfg, row)
+            if key not in weights:
+                weights[key] = prepared(sd, cfg, row)
             e = measure(weights[key], cfg, row, reference, prompts)
             low = "; ".join(
                 f"{c['photo']} {c['kind']} {c['iou']:.3f}, {c['ref_mask_px']} px, {c['ref_logits_near_0']:.0%}"

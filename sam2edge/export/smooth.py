@@ -160,8 +160,14 @@ def smooth_state_dict(
 ) -> tuple[dict, dict]:
     """(shifted and scaled state dict, {pair: max / median scale, max |shift|}) for every pair of ``ranges``
     (``shifts_and_scales``; ``shift=False``: SmoothQuant alone, for comparison)."""
+    return applied(sd, shifts_and_scales(sd, ranges, alpha, shift))
+
+
+def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[dict, dict]:
+    """(``sd`` with each pair's (d, s) of ``ds`` (``shifts_and_scales``) folded into its producer and readers,
+    report): the function in fp32 is the same."""
     out, report = dict(sd), {}
-    for key, (d, s) in shifts_and_scales(sd, ranges, alpha, shift).items():
+    for key, (d, s) in ds.items():
         i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
         pre = BLOCK.format(i)
         if part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
@@ -219,10 +225,10 @@ def prepared_weights(sd: dict, cfg: Sam2Config, precision: str) -> tuple[dict, d
     ranges, moments = RangeRecorder(model), MomentRecorder(model)
     with torch.no_grad():
         encode_photos(model.eval(), cfg, CALIBRATION_PHOTOS, ranges.hooks + moments.hooks)
-    r, m = ranges.ranges(), moments.moments()
-    shifted, pairs = smooth_state_dict(sd, r)
+    ds, m = shifts_and_scales(sd, ranges.ranges()), moments.moments()
+    shifted, pairs = applied(sd, ds)
     hs = {name: h for name, (h, _mean) in m.items()}
-    for key, (d, s) in shifts_and_scales(sd, r).items():
+    for key, (d, s) in ds.items():
         for name in readers(sd, key):
             hs[name] = moved(*m[name], d, s)
     rounded, error = round_layers(shifted, hs)
