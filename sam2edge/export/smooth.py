@@ -93,7 +93,7 @@ class RangeRecorder:
 
     def ranges(self) -> dict[str, ChannelRange]:
         return {
-            k: ChannelRange(lo, hi, not (k.endswith(".norm1") and int(k.split(".")[1]) in self.padded))
+            k: ChannelRange(lo, hi, not (k.endswith(".norm1") and block_key(k)[0] in self.padded))
             for k, (lo, hi) in self.seen.items()
         }
 
@@ -133,10 +133,16 @@ def _shift_and_scale(
     return d, s
 
 
+def block_key(key: str) -> tuple[int, str]:
+    """(block index, part) of a calibration key: ``"blocks.i.normK"`` or ``"blocks.i.attn"``."""
+    i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
+    return int(i), part
+
+
 def readers(sd: dict, key: str) -> list[str]:
     """The Linear layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
     ``PAIRS`` that the block has, or the values' ``attn.proj``."""
-    i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
+    i, part = block_key(key)
     names = ("attn.proj",) if part == VALUES else PAIRS[part]
     return [f"{BLOCK.format(i)}{n}" for n in names if f"{BLOCK.format(i)}{n}.weight" in sd]
 
@@ -168,7 +174,7 @@ def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
     report): the function in fp32 is the same."""
     out, report = dict(sd), {}
     for key, (d, s) in ds.items():
-        i, part = re.fullmatch(r"blocks\.(\d+)\.(\w+)", key).groups()
+        i, part = block_key(key)
         pre = BLOCK.format(i)
         if part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
             qkv_w, qkv_b = out[f"{pre}attn.qkv.weight"], out[f"{pre}attn.qkv.bias"]
