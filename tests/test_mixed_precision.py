@@ -296,7 +296,7 @@ class _FakeInt8Emulation:
     def __init__(self, sd, cfg, target, reference) -> None:
         self.layers = {"a": None, "b": None, "c": None}
 
-    def ious(self, prompts, kept=()):
+    def ious(self, prompts, kept=(), draw=0):
         type(self).calls.append((tuple(kept), [(p.photo, p.kind) for p in prompts]))
         if self.median_only:
             return [0.995 if "c" in kept else 0.985 for _ in prompts]
@@ -334,6 +334,60 @@ def test_int8_ranking_measures_every_click_of_the_photos_that_failed(monkeypatch
             assert {photo for photo, _ in prompts} == {bad}
             assert {kind for _, kind in prompts} == {"point", "points", "box", "box+point"}
     assert sel.as_dict()["ranked_on"] == list(sel.ranked_on)
+
+
+class _DrawnInt8Emulation:
+    """Stands in for ``Int8Emulation``: every click reads 0.999 in every draw but the first click in draw 2,
+    which reads 0.90 unless layer "d" is kept fp32 (an XNNPACK program is one more draw)."""
+
+    calls: list = []
+
+    def __init__(self, sd, cfg, target, reference) -> None:
+        self.layers = {"a": None, "d": None}
+
+    def ious(self, prompts, kept=(), draw=0):
+        type(self).calls.append((tuple(kept), len(prompts), draw))
+        return [0.90 if i == 0 and draw == 2 and "d" not in kept else 0.999 for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("draws", [1, 3])
+def test_int8_selection_holds_in_every_draw(monkeypatch, draws):
+    """A click that fails in one emulation draw fails the measurement: with 3 draws the layer that lifts it in
+    that draw is ranked on that draw and kept; with one draw nothing is kept."""
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.export import int8_sensitivity as s8
+
+    monkeypatch.setattr(_DrawnInt8Emulation, "calls", [])
+    monkeypatch.setattr(s8, "Int8Emulation", _DrawnInt8Emulation)
+    sel = s8.select_int8({}, TEST_SMALL, "executorch", None, clicks=40, draws=draws)
+    assert sel.holds and sel.draws == draws
+    if draws == 1:
+        assert sel.kept == () and {d for *_, d in _DrawnInt8Emulation.calls} == {0}
+        return
+    assert sel.kept == ("d",), sel.as_dict()
+    assert sel.as_dict()["draws"] == 3 and sel.ranked_on == (click_set(40)[0].photo,)
+    ranked = [draw for kept, n, draw in _DrawnInt8Emulation.calls if len(kept) == 1 and n < 40]
+    assert ranked == [2, 2]  # each layer kept alone, on the draw that failed
+    measured = [(kept, draw) for kept, n, draw in _DrawnInt8Emulation.calls if n == 40]
+    assert ((), 1) in measured and (("a", "d"), 1) not in measured  # every layer kept: fp32, one draw
+
+
+def test_int8_emulation_draws_are_reproducible_and_dither_only_the_rounding():
+    """``fake_quant_activation`` with a dither generator: the same seed gives the same values; another seed
+    moves a few elements by one quantisation step and no more (the dither is far under a step)."""
+    from sam2edge.export.int8_sensitivity import fake_quant_activation
+
+    for seed in (0, 1):
+        x = torch.randn(64, 96, generator=torch.Generator().manual_seed(seed)) * 3
+        plain = fake_quant_activation(x, "per_token")
+        one = fake_quant_activation(x, "per_token", torch.Generator().manual_seed(1))
+        again = fake_quant_activation(x, "per_token", torch.Generator().manual_seed(1))
+        other = fake_quant_activation(x, "per_token", torch.Generator().manual_seed(2))
+        torch.testing.assert_close(one, again, rtol=0, atol=0)
+        step = ((x.amax(-1).clamp_min(0) - x.amin(-1).clamp_max(0)) / 255).unsqueeze(-1)
+        for y in (one, other):
+            moved = (y - plain).abs() / step
+            assert moved.max() < 1 + 1e-3 and (moved > 0.5).float().mean() < 0.01
 
 
 def test_executorch_keeps_the_chosen_layers_out_of_int8_and_fp16():

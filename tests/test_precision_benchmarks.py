@@ -221,6 +221,22 @@ def test_fragile_refuses_unusable_input_in_one_line(tmp_path, capsys, case, need
     assert needle in err and "\n" not in err and err.startswith("error: "), err
 
 
+@pytest.mark.parametrize(
+    "case, needle",
+    [("no-card", "no card.json"), ("fp32", "a fp32 bundle; give an int8 one"), ("missing", "no such file")],
+)
+def test_draws_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    bundle, checkpoint = tmp_path / "bundle", tmp_path / "ckpt.pt"
+    bundle.mkdir()
+    checkpoint.write_bytes(b"not read: the arguments are refused first")
+    if case != "no-card":
+        (bundle / "card.json").write_text(json.dumps({"precision": "fp32" if case == "fp32" else "int8"}))
+    argv = [str(bundle), str(checkpoint if case != "missing" else tmp_path / "nowhere.pt")]
+    assert _script("int8_draws").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+
+
 @pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile"])
 def test_checkpoint_scripts_refuse_an_unknown_config_in_one_line(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"

@@ -59,6 +59,7 @@ class Selection:
     aimed_at: Mapping[str, float] | None = None  # the bars the choice aimed at (None: the bars asked for)
     max_kept: int | None = None  # the most parts the selection may keep fp32 (``widened`` keeps to it too)
     ranked_on: tuple[str, ...] = ()  # what the ranking measured, where the caller says (int8: the photos)
+    draws: int = 1  # emulation draws each measurement took (int8: a click holds where it holds in every draw)
 
     @property
     def chosen(self) -> Trial:
@@ -76,6 +77,7 @@ class Selection:
             **({"aimed_at": dict(self.aimed_at)} if self.aimed_at is not None else {}),
             **({"max_kept": self.max_kept} if self.max_kept is not None else {}),
             **({"ranked_on": list(self.ranked_on)} if self.ranked_on else {}),
+            **({"draws": self.draws} if self.draws > 1 else {}),
         }
 
 
