@@ -6,12 +6,12 @@ rounding and quantised operand, and how fragile the reference masks of its lowes
 For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
 channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
 click set: activations per tensor (ONNX's ``DynamicQuantizeLinear``) and per token (XNNPACK's dynamic
-kernels: ExecuTorch, LiteRT; LiteRT's int8 convolutions too, one activation range per image, and with them kept
-fp32), the encoder plain, with its norms' pairs scaled (SmoothQuant) or shifted and scaled with the values' pair
-too (``export.smooth``, as exported), its weights rounded to the nearest grid point or with GPTQ's compensation
-(``export.gptq``, as every int8 export does), and with weights
-or activations alone int8 (which of the two a click's failure comes from). Every row names its lowest clicks
-with what makes a reference mask fragile (``checks.fidelity.metrics.end_to_end``): its area in pixels (a
+kernels: ExecuTorch, LiteRT; LiteRT's int8 convolutions too, a 1x1 one's activations per pixel, the patch
+embedding's one range per image, and with them kept fp32), the encoder plain, with its norms' pairs scaled
+(SmoothQuant) or shifted and scaled with the values' pair too (``export.smooth``, as exported), its weights
+rounded to the nearest grid point or with GPTQ's compensation (``export.gptq``, as every int8 export does), and
+with weights or activations alone int8 (which of the two a click's failure comes from). Every row names its
+lowest clicks with what makes a reference mask fragile (``checks.fidelity.metrics.end_to_end``): its area in pixels (a
 3-pixel mask reads IoU 0.33 for one pixel flipped) and the share of its low-res logits within 0.1 of the
 threshold (a near-flat logit map flips under any rounding). Full size, 2 cores: about 30 s a row.
 """
@@ -45,7 +45,9 @@ ROWS = (
     Row("per token, shifted and scaled, activations int8 only", "executorch", "shift", False, "activations"),
     Row("per tensor, shifted and scaled + GPTQ (ONNX int8 as exported)", "onnx", "shift", True),
     Row("per token, shifted and scaled + GPTQ (ExecuTorch int8 as exported)", "executorch", "shift", True),
-    Row("LiteRT int8 as exported (linear per token, convolutions one range per image)", "litert", "shift", True),
+    Row(
+        "LiteRT int8 as exported (convolutions int8: 1x1 per pixel, patch embedding per image)", "litert", "shift", True
+    ),
     Row("the same, convolutions kept fp32", "litert", "shift", True, convs_fp32=True),
 )
 

@@ -147,3 +147,30 @@ def test_litert_int8_emulation_quantises_the_encoder_graph_convolutions():
     step = conv.weight.flatten(1).abs().amax(1) / 127
     assert torch.all((conv.int8_weight - conv.weight).flatten(1).abs().amax(1) <= step / 2 + 1e-7)
     assert 0 < float((y8 - y32).abs().max()) < 0.1 * float(y32.abs().max())
+
+
+def test_litert_int8_emulation_takes_a_1x1_convolution_per_pixel():
+    """LiteRT runs a 1x1 convolution's dynamic-range int8 as a fully connected layer's rows: one activation range
+    per pixel (an int8 bundle of upstream-s4-outliers differs from the emulation as two emulation draws do only
+    this way, ``benchmarks/int8_draws.py``); the patch embedding keeps one range per image. One loud pixel then
+    coarsens only its own step in the 1x1 convolution."""
+    from sam2edge.export.int8_sensitivity import fake_quant_activation, int8_layers
+    from sam2edge.model import Rewrites, build_sam2
+    from sam2edge.targets import get_target
+
+    layers = int8_layers(build_sam2(TEST_SMALL, Rewrites()).eval(), "per_token", get_target("litert").int8_layers)
+    assert layers["image_encoder.trunk.patch_embed.proj"].int8_granularity == "per_tensor"
+    conv = layers[CONV]
+    assert conv.kernel_size == (1, 1) and conv.int8_granularity == "per_pixel"
+    for seed in (0, 1):
+        x = torch.randn(1, conv.in_channels, 8, 8, generator=torch.Generator().manual_seed(seed))
+        x[0, :, 3, 5] *= 1000  # one loud pixel
+        with torch.no_grad():
+            got = conv(x)
+            per_pixel = fake_quant_activation(x.permute(0, 2, 3, 1), "per_token").permute(0, 3, 1, 2)
+            want = torch.nn.functional.conv2d(per_pixel, conv.int8_weight, conv.bias)
+            per_image = torch.nn.functional.conv2d(fake_quant_activation(x, "per_tensor"), conv.int8_weight, conv.bias)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        quiet = torch.ones(8, 8, dtype=torch.bool)
+        quiet[3, 5] = False
+        assert (got - want).abs().max() < 1e-5 < (per_image - want)[0][:, quiet].abs().max()

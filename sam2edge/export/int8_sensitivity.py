@@ -3,7 +3,8 @@
 Every target's int8 bundle quantises the encoder's Linear layers dynamically (int8 weights per output channel,
 activations quantised per call; ``export.kept``), LiteRT's its convolutions too (``targets.Target.int8_layers``).
 This module emulates that in eager PyTorch with fake quantisation of each ``nn.Linear`` of ``image_encoder``
-(and, for LiteRT, each ``nn.Conv2d`` of the encoder graph):
+(and, for LiteRT, each ``nn.Conv2d`` of the encoder graph: a 1x1 one's activations per pixel, the patch
+embedding's one range per image; ``benchmarks/int8_draws.py`` compares the emulation with a bundle):
 
   weights      symmetric int8 per output channel (scale = max|w_row| / 127), every target;
   activations  asymmetric uint8 per call: per token (``per_token``: XNNPACK's dynamic quantiser, LiteRT's
@@ -72,7 +73,11 @@ def _int8_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def _int8_conv_forward(self: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     if not self.int8_enabled:
         return self._conv_forward(x, self.weight, self.bias)
-    return self._conv_forward(fake_quant_activation(x, "per_tensor", self.int8_dither), self.int8_weight, self.bias)
+    if self.int8_granularity == "per_pixel":  # x (B, C, H, W): one range per pixel's C channels
+        x = fake_quant_activation(x.movedim(1, -1), "per_token", self.int8_dither).movedim(-1, 1)
+    else:
+        x = fake_quant_activation(x, self.int8_granularity, self.int8_dither)
+    return self._conv_forward(x, self.int8_weight, self.bias)
 
 
 # convolutions in the encoder graph outside ``image_encoder``: the decoder's feature projections folded into it
@@ -82,8 +87,9 @@ ENCODER_GRAPH_CONVS = ("sam_mask_decoder.conv_s0", "sam_mask_decoder.conv_s1")
 def int8_layers(model: nn.Module, granularity: str, kinds: tuple[str, ...] = ("linear",)) -> dict[str, nn.Module]:
     """Switch every encoder-graph layer of ``kinds`` of ``model`` (in place) to fake-quantised int8: "linear",
     every encoder Linear (activations at ``granularity``); "conv", every Conv2d of the encoder and
-    ``ENCODER_GRAPH_CONVS`` (weights per output channel, activations one range per image: LiteRT's dynamic-range
-    convolution at batch 1). name -> layer (each has an ``int8_enabled`` flag to keep it fp32)."""
+    ``ENCODER_GRAPH_CONVS`` (weights per output channel; activations as LiteRT's dynamic-range kernels take them:
+    a 1x1 convolution one range per pixel, as a fully connected layer's rows, any other one range per image).
+    name -> layer (each has an ``int8_enabled`` flag to keep it fp32)."""
     out = {}
     for name, m in model.named_modules():
         if "linear" in kinds and name.startswith(ENCODER) and isinstance(m, nn.Linear):
@@ -93,6 +99,7 @@ def int8_layers(model: nn.Module, granularity: str, kinds: tuple[str, ...] = ("l
             out[name] = m
         elif "conv" in kinds and isinstance(m, nn.Conv2d) and (name.startswith(ENCODER) or name in ENCODER_GRAPH_CONVS):
             m.int8_weight = fake_quant_weight(m.weight.detach().flatten(1)).view_as(m.weight)
+            m.int8_granularity = "per_pixel" if m.kernel_size == (1, 1) else "per_tensor"
             m.int8_enabled, m.int8_dither = True, None
             m.forward = types.MethodType(_int8_conv_forward, m)
             out[name] = m
