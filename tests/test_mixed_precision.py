@@ -249,6 +249,10 @@ def test_refusal_note_names_the_emulated_choice_and_each_bundle_that_missed():
     note = mixed_note(sel)
     assert note.startswith("the eager emulation met the bars with 2 layers kept (worst 0.9772, median 0.9902)")
     assert "the bundle with 2 kept missed (worst 0.9494, median 0.9892); " in note, note
+    drawn = mixed_note({**sel, "draws": 3})
+    assert drawn.startswith(
+        "the eager emulation met the bars with 2 layers kept (worst 0.9772, median 0.9902, the lowest of 3 draws)"
+    )
 
 
 def int8_outliers(sd: dict, seed: int, gain: float = 10.0, channels: int = 2) -> dict:

@@ -295,6 +295,7 @@ def mixed_note(sel: dict | None) -> str:
         verdict += " (the median goal was out of reach with every candidate kept fp32)"
     ranked = ", ".join(r["part"] for r in sel.get("ranking", [])[:3])
     emulated = f"worst {sel['iou_worst']:.4f}, median {sel['iou_median']:.4f}"
+    emulated += f", the lowest of {sel['draws']} draws" if sel.get("draws", 1) > 1 else ""
     missed = "".join(
         f"; the bundle with {c['kept']} kept missed (worst {c['iou_worst']:.4f}, median {c['iou_median']:.4f})"
         for c in sel.get("bundle_checks", [])
