@@ -376,6 +376,41 @@ def test_int8_selection_holds_in_every_draw(monkeypatch, draws):
     assert ((), 1) in measured and (("a", "d"), 1) not in measured  # every layer kept: fp32, one draw
 
 
+class _GroupInt8Emulation:
+    """Stands in for ``Int8Emulation`` of a LiteRT encoder: a Linear "a" and two 1x1 convolutions; the first click
+    reads 0.90 unless both convolutions are kept fp32; "a" kept alone lifts the mean a little."""
+
+    def __init__(self, sd, cfg, target, reference) -> None:
+        from types import SimpleNamespace
+
+        self.layers = {"a": SimpleNamespace(int8_granularity="per_token")}
+        self.layers |= {c: SimpleNamespace(int8_granularity="per_pixel") for c in ("c1", "c2")}
+
+    def ious(self, prompts, kept=(), draw=0):
+        rest = 0.9995 if "a" in kept else 0.999
+        return [0.99 if i == 0 and {"c1", "c2"} <= set(kept) else 0.90 if i == 0 else rest for i in range(len(prompts))]
+
+
+def test_int8_ranking_puts_the_1x1_convolutions_first_when_only_together_they_lift_the_worst(monkeypatch):
+    """LiteRT's 1x1 convolutions read the trunk's outlier channels; kept fp32 one at a time none lifts the worst
+    click, kept together they do. The ranking measures them together too and ranks them first, so the selection
+    keeps the two convolutions and not the Linear that a ranking of single layers puts first."""
+    from sam2edge.export import int8_sensitivity as s8
+
+    monkeypatch.setattr(s8, "Int8Emulation", _GroupInt8Emulation)
+    sel = s8.select_int8({}, TEST_SMALL, "litert", None, clicks=40, draws=1)
+    assert sel.holds and sel.kept == ("c1", "c2"), sel.as_dict()
+    first, second, last = sel.ranking
+    assert (first["part"], second["part"], last["part"]) == ("c1", "c2", "a")
+    assert (
+        first["kept_together_with"] == 1
+        and first["iou_worst_kept_together"] == 0.99
+        and "iou_worst_kept_together" not in last
+    )
+    rows = [{"part": p, "iou_worst_kept_alone": w, "iou_mean_kept_alone": 0.99} for p, w in (("a", 0.995), ("c1", 0.9))]
+    assert s8._group_first(rows, ("c1", "c2"), 0.99, 1.0) == rows  # one layer lifts more alone: as ranked
+
+
 def test_int8_emulation_draws_are_reproducible_and_dither_only_the_rounding():
     """``fake_quant_activation`` with a dither generator: the same seed gives the same values; another seed
     moves a few elements by one quantisation step and no more (the dither is far under a step)."""

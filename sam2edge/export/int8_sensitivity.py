@@ -208,6 +208,18 @@ def failing_photos(prompts, ious, worst: float) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p.photo for p, v in zip(prompts, ious, strict=True) if not v >= worst))
 
 
+def _group_first(rows: list[dict], group: tuple[str, ...], worst: float, mean: float) -> list[dict]:
+    """``rows`` (a ranking, most lifting first) with ``group``'s members moved to the front where keeping them all
+    fp32 (worst / mean IoU ``worst``, ``mean``) lifts the ranked clicks more than any one layer kept alone: layers
+    that only lift them together (LiteRT's 1x1 convolutions, each reading outlier channels) rank first together.
+    Each moved row notes the group's measurement."""
+    if not rows or (worst, mean) <= (rows[0]["iou_worst_kept_alone"], rows[0]["iou_mean_kept_alone"]):
+        return rows
+    note = {"kept_together_with": len(group) - 1, "iou_worst_kept_together": worst, "iou_mean_kept_together": mean}
+    members = [{**r, **note} for r in rows if r["part"] in group]
+    return members + [r for r in rows if r["part"] not in group]
+
+
 def select_int8(
     sd: dict,
     cfg: Sam2Config,
@@ -228,7 +240,9 @@ def select_int8(
     so all its prompt kinds cost one photo's time), or ``click_set(rank_clicks)`` where only the median missed;
     the selection's ``ranked_on`` names them. Each measurement takes ``draws`` emulation draws
     (``Int8Emulation.ious``, ``DITHER``; the bundle's kernels are one more) and a click holds where it holds in
-    every draw; the ranking measures on the draw whose worst click was lowest with every layer int8.
+    every draw; the ranking measures on the draw whose worst click was lowest with every layer int8. Where the
+    target quantises 1x1 convolutions (LiteRT), they are also measured kept together and rank first together
+    when that lifts more than any one layer (``_group_first``).
     ``fallback`` (the int8 shipping bar): aimed at when even every Linear kept fp32 misses ``bars``
     (``export.mixed.select``)."""
     import dataclasses
@@ -260,14 +274,20 @@ def select_int8(
         rank_prompts = [p for p in prompts if p.photo in photos] or click_set(rank_clicks)
         ranked_on[:] = photos or [f"click_set({rank_clicks})"]
         rows = []
+        group = tuple(n for n, m in emu.layers.items() if getattr(m, "int8_granularity", "") == "per_pixel")
         label = f"int8: ranking encoder layers (each kept fp32 alone) on {', '.join(ranked_on)}"
-        with Progress(label, len(emu.layers), "layer") as bar:
+        with Progress(label, len(emu.layers) + (len(group) > 1), "layer") as bar:
             for name in emu.layers:
                 bar.step(note=name)
                 ious = emu.ious(rank_prompts, (name,), rank_draw[0])
                 worst, mean = float(min(ious)), float(np.mean(ious))
                 rows.append({"part": name, "iou_worst_kept_alone": worst, "iou_mean_kept_alone": mean})
-        return sorted(rows, key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
+            rows.sort(key=lambda r: (-r["iou_worst_kept_alone"], -r["iou_mean_kept_alone"]))
+            if len(group) > 1:  # the 1x1 convolutions (LiteRT) kept together
+                bar.step(note=f"the {len(group)} 1x1 convolutions together")
+                ious = emu.ious(rank_prompts, group, rank_draw[0])
+                rows = _group_first(rows, group, float(min(ious)), float(np.mean(ious)))
+        return rows
 
     sel = select(ranking, measure, bars, max_kept, upper=list(emu.layers), label="int8", fallback=fallback)
     return dataclasses.replace(sel, ranked_on=tuple(ranked_on), draws=draws)
