@@ -1,7 +1,7 @@
 """Why an int8 export holds or is refused: the emulated all-int8 encoder per activation granularity, weight
 rounding and quantised operand, and how fragile the reference masks of its lowest clicks are.
 
-    .venv/bin/python benchmarks/int8_fragile.py CHECKPOINT... [--config sam2.1-hiera-tiny] [--clicks 40]
+    .venv/bin/python benchmarks/int8_fragile.py CHECKPOINT... [--config sam2.1-hiera-tiny] [--clicks 40] [--rows TEXT]
 
 For each checkpoint, the all-int8 encoder (``export.int8_sensitivity.Int8Emulation``: int8 weights per output
 channel, fp32 decoder) is measured end to end against eager fp32 with upstream's operations over the export's
@@ -48,7 +48,7 @@ ROWS = (
     Row(
         "LiteRT int8 as exported (convolutions int8: 1x1 per pixel, patch embedding per image)", "litert", "shift", True
     ),
-    Row("the same, convolutions kept fp32", "litert", "shift", True, convs_fp32=True),
+    Row("LiteRT int8, its convolutions kept fp32", "litert", "shift", True, convs_fp32=True),
 )
 
 
@@ -56,10 +56,17 @@ def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
     if args.clicks < 1:
         return f"--clicks {args.clicks}: give 1 or more"
+    if not _rows(args.rows):
+        return f"--rows {args.rows!r}: no row's label holds it; labels: {'; '.join(r.label for r in ROWS)}"
     missing = [c for c in args.checkpoints if not Path(c).is_file()]
     if missing:
         return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
     return None
+
+
+def _rows(text: str) -> tuple[Row, ...]:
+    """The rows whose label holds ``text`` (every row for "")."""
+    return tuple(r for r in ROWS if text in r.label)
 
 
 def prepared(sd: dict, cfg, row: Row) -> dict:
@@ -102,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoints", nargs="+")
     p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
     p.add_argument("--clicks", type=int, default=40)
+    p.add_argument("--rows", default="", help="only the rows whose label holds this text (e.g. LiteRT)")
     args = p.parse_args(argv)
     problem = _problem(args)
     if problem:
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
         weights: dict[tuple[str, bool], dict] = {}  # (smoothing, gptq) -> the state dict rows with both quantise
-        for row in ROWS:
+        for row in _rows(args.rows):
             key = (row.smoothing, row.gptq)
             if key not in weights:
                 weights[key] = prepared(sd, cfg, row)

@@ -211,11 +211,15 @@ def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
     assert out.read_text() == "a user's file"
 
 
-@pytest.mark.parametrize("case, needle", [("clicks", "--clicks 0"), ("missing", "no such file")])
+@pytest.mark.parametrize(
+    "case, needle", [("clicks", "--clicks 0"), ("missing", "no such file"), ("rows", "--rows 'TFLite': no row")]
+)
 def test_fragile_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not read: the arguments are refused first")
-    argv = [str(checkpoint), "--clicks", "0"] if case == "clicks" else [str(tmp_path / "nowhere.pt")]
+    argv = {"clicks": [str(checkpoint), "--clicks", "0"], "rows": [str(checkpoint), "--rows", "TFLite"]}.get(
+        case, [str(tmp_path / "nowhere.pt")]
+    )
     assert _script("int8_fragile").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
