@@ -66,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sam2edge.checks.fidelity import photo
-    from sam2edge.config import get_config
+    from sam2edge.checks.fidelity.verify import bundle_config
     from sam2edge.errors import UserError
     from sam2edge.export.int8_sensitivity import DITHER, Int8Emulation
-    from sam2edge.export.precision import GraphBackend
     from sam2edge.export.smooth import prepared_weights
     from sam2edge.model import UPSTREAM
     from sam2edge.runtime.backends import EagerBackend, backend_for
@@ -78,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     card = json.loads((Path(args.bundle) / "card.json").read_text())
-    cfg = get_config(card["config"])
-    kept = set(card.get("extra", {}).get("mixed_precision", {}).get("kept_fp32", []))
+    kept = tuple(card.get("extra", {}).get("mixed_precision", {}).get("kept_fp32", []))
     try:
+        cfg = bundle_config(card)
         sd, _ = load_weights(args.checkpoint, cfg)
         photos = {name: np.asarray(preprocess(photo(name), cfg.image_size)) for name in args.photos}
         bundle = backend_for(card["target"]).from_bundle(args.bundle, threads=2)
@@ -90,12 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     reference = EagerBackend.from_state_dict(sd, cfg, UPSTREAM)
     emu = Int8Emulation(prepared_weights(sd, cfg, "int8")[0], cfg, card["target"], reference)
 
-    def emulated(x, draw: int):
-        dither = torch.Generator().manual_seed(draw) if draw else None
-        for name, layer in emu.layers.items():
-            layer.int8_enabled, layer.int8_dither = name not in kept, dither
-        return GraphBackend(emu.quant, cfg, decoder_model=emu.fp32).encode(x)
-
     print(f"{card['target']} int8, {len(kept)} layers kept fp32; relative L2 distance (dither {DITHER:g})")
     print()
     cols = ("bundle vs fp32", "emulation vs fp32", "bundle vs emulation", "draw 1 vs draw 2", "cosine of the errors")
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|" + "---|" * len(cols))
     for name, x in photos.items():
         ref, got = reference.encode(x), bundle.encode(x)
-        emu0, one, two = (emulated(x, d) for d in (0, 1, 2))
+        emu0, one, two = (emu.encode(x, kept, d) for d in (0, 1, 2))
         for out in OUTPUTS:
             f, b, e = (getattr(v, out) for v in (ref, got, emu0))
             cells = (

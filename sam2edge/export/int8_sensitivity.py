@@ -20,6 +20,7 @@ in every int8 bundle. The clicks below the int8 bar are listed with their photo 
 from __future__ import annotations
 
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,14 +149,28 @@ class Int8Emulation:
         """Per-prompt mask IoU with the layers of ``kept`` in fp32 and every other encoder Linear int8. ``draw``
         k > 0: every quantised activation dithered (``DITHER``) from one generator seeded with k, so the same
         draw gives the same IoUs; 0: not dithered."""
-        from sam2edge.export.precision import GraphBackend, _ious
+        from sam2edge.export.precision import _ious
         from sam2edge.runtime.predictor import Sam2Predictor
+
+        with self._drawn(kept, draw) as backend:
+            return _ious(self.ref, Sam2Predictor(backend), prompts)
+
+    def encode(self, image, kept: tuple[str, ...] = (), draw: int = 0):
+        """The emulated encoder's ``Features`` of a preprocessed ``image``, ``kept`` and ``draw`` as ``ious``."""
+        with self._drawn(kept, draw) as backend:
+            return backend.encode(image)
+
+    @contextmanager
+    def _drawn(self, kept: tuple[str, ...], draw: int):
+        """A backend over the emulation with the layers of ``kept`` fp32 and draw ``draw``; every layer int8 and
+        undithered again on exit."""
+        from sam2edge.export.precision import GraphBackend
 
         dither = torch.Generator().manual_seed(draw) if draw else None
         for name, layer in self.layers.items():
             layer.int8_enabled, layer.int8_dither = name not in kept, dither
         try:
-            return _ious(self.ref, Sam2Predictor(GraphBackend(self.quant, self.cfg, decoder_model=self.fp32)), prompts)
+            yield GraphBackend(self.quant, self.cfg, decoder_model=self.fp32)
         finally:
             for layer in self.layers.values():
                 layer.int8_enabled, layer.int8_dither = True, None
