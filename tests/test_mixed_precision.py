@@ -238,6 +238,26 @@ def test_export_keeps_more_when_its_bundle_misses_a_bar_the_emulation_met(tmp_pa
     assert card["extra"]["stage_seconds"]["fidelity"] > 0
 
 
+def test_export_that_passes_where_its_selection_did_not_hold_says_so(tmp_path, monkeypatch, capsys):
+    """A bundle whose own check passes while its selection did not hold ships as its check says, and the export
+    says, as it ends, that another CPU's rounding may miss (its card too)."""
+    from sam2edge.export import precision
+    from sam2edge.export.mixed import Selection, Trial
+    from sam2edge.export.pipeline import run_export
+
+    unheld = Selection((), False, (Trial((), 0.9, 0.99, False),), ({"part": "image_encoder.trunk.blocks.0"},))
+    monkeypatch.setattr(precision, "select_fp16", lambda *a, **k: unheld)
+    sd = variant_state_dict("synthetic:0", TEST_SMALL)
+    source = {**SOURCE, "checkpoint": "synthetic:0"}
+    card = run_export("onnx", "test-small", "fp16", tmp_path / "b", weights=(sd, source))
+    assert card["status"] == "shippable" and card["extra"]["mixed_precision"]["holds"] is False
+    err = capsys.readouterr().err
+    assert "fp16: the bundle passed its check, but its emulation did not meet the bars with 0 layers kept" in err
+    from sam2edge.cards.render import render_bundle
+
+    assert "The bundle passed, but its emulation" in render_bundle(tmp_path / "b")["readme"].read_text()
+
+
 def test_refusal_note_names_the_emulated_choice_and_each_bundle_that_missed():
     """After widening, the refusal's note counts the layers the emulation chose (not its last trial's) and lists
     every bundle that missed."""
@@ -252,6 +272,35 @@ def test_refusal_note_names_the_emulated_choice_and_each_bundle_that_missed():
     drawn = mixed_note({**sel, "draws": 3})
     assert drawn.startswith(
         "the eager emulation met the bars with 2 layers kept (worst 0.9772, median 0.9902, the lowest of 3 draws)"
+    )
+
+
+def test_a_bundle_that_passes_where_its_selection_did_not_hold_says_so_on_its_card():
+    """An int8 bundle whose check passed while the emulation's draws missed with every tried set kept: its card
+    says that this CPU's rounding passed and to check it on the device; nothing where the selection held, where
+    the bundle was refused, or where no selection ran."""
+    from sam2edge.cards.precision import precision_section
+    from sam2edge.export.mixed import unheld_note
+
+    trials = [{"kept": [], "iou_worst": 0.8571, "iou_median": 0.99}, {"kept": list("ab"), "iou_worst": 0.875}]
+    sel = {"kept_fp32": list("ab"), "holds": False, "iou_worst": 0.875, "iou_median": 0.991, "trials": trials}
+    fid = {
+        "passed": True,
+        "end_to_end": {"clicks": 40, "iou_worst": 0.9545, "iou_median": 0.9942},
+        "bars": BARS["int8"],
+    }
+    card = {"precision": "int8", "target": "onnx", "extra": {"mixed_precision": {**sel, "draws": 3}}}
+    text = "\n".join(precision_section(card, fid))
+    assert (
+        "The bundle passed, but its emulation did not meet the bars with 2 layers kept fp32 (worst 0.8750, median "
+        "0.9910, the lowest of 3 draws): this CPU's rounding passed, another CPU's may not; check the bundle on the "
+        "device that will run it: `sam2edge verify DIR`." in text
+    ), text
+    assert "lowest of" not in unheld_note(sel) and unheld_note(sel).startswith("its emulation did not meet")
+    assert not unheld_note({**sel, "holds": True}) and not unheld_note(None) and not unheld_note({**sel, "trials": []})
+    refused = "\n".join(precision_section(card, {**fid, "passed": False}))
+    assert "The bundle passed" not in refused and "The bundle passed" not in "\n".join(
+        precision_section({**card, "extra": {}}, fid)
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sam2edge.cards.sections import _num, _table
 from sam2edge.checks.fidelity.bars import bars_for
+from sam2edge.export.mixed import unheld_note
 
 BAR_LABELS = {"min_iou_worst": "worst", "min_iou_median": "median"}  # end-to-end bars shown here
 
@@ -38,6 +39,9 @@ def precision_section(card: dict, fid: dict) -> list[str]:
         ]
         if precision == "fp16" and card.get("target") == "executorch":
             lines += [FP16_ARITHMETIC_NOTE, ""]
+        unheld = unheld_note((card.get("extra") or {}).get("mixed_precision"))
+        if unheld and fid.get("passed"):
+            lines += [f"The bundle passed, but {unheld}.", ""]
     kept = (card.get("extra") or {}).get("fp32_kept") or {}
     if kept:
         lines += ["Kept in fp32, and why:", "", *_table(["Part", "Why"], [[f"{k}", v] for k, v in kept.items()]), ""]

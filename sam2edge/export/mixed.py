@@ -253,3 +253,17 @@ def int8_keep(job, target: str) -> tuple[str, ...]:
         sel = select_int8(sd, job.cfg, target, job.reference(), bars, clicks=job.clicks, fallback=ship)
         job.state["mixed_precision"] = sel.as_dict()
     return tuple(job.state["mixed_precision"]["kept_fp32"])
+
+
+def unheld_note(sel: Mapping | None) -> str:
+    """One sentence for a bundle that passed its own check where its selection (``Selection.as_dict``) did not
+    hold in the emulation ('' where it held, or no selection ran): the check is one CPU's rounding, and another
+    CPU's may land where the emulation did."""
+    if not sel or sel.get("holds", True) or not sel.get("trials"):
+        return ""
+    draws = f", the lowest of {sel['draws']} draws" if sel.get("draws", 1) > 1 else ""
+    return (
+        f"its emulation did not meet the bars with {len(sel['kept_fp32'])} layers kept fp32 (worst "
+        f"{sel['iou_worst']:.4f}, median {sel['iou_median']:.4f}{draws}): this CPU's rounding passed, another "
+        "CPU's may not; check the bundle on the device that will run it: `sam2edge verify DIR`"
+    )

@@ -37,7 +37,7 @@ from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_c
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
 from sam2edge.export.kept import fp32_kept
-from sam2edge.export.mixed import widened
+from sam2edge.export.mixed import unheld_note, widened
 from sam2edge.export.provenance import shared_provenance
 from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
 from sam2edge.export.smooth import ROUNDING_NOTE, export_weights, prepared_weights
@@ -248,6 +248,8 @@ def _build_and_measure(spec: TargetSpec, job: Job, stages: Stages, bars: dict | 
         missed = [] if fidelity["passed"] or not sel else check_bars({}, e2e, _iou_bars(job.precision, bars))
         more = widened(sel, e2e["iou_worst"], e2e["iou_median"]) if missed else None
         if more is None:
+            if fidelity["passed"] and sel and not sel["holds"]:
+                stage(f"{job.precision}: the bundle passed its check, but {unheld_note(sel)}")
             return fidelity
         stage(
             f"{job.precision}: the bundle missed a bar its emulation met ({missed[0]}); converting again with "
