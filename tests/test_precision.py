@@ -233,6 +233,41 @@ def test_smoothing_is_the_same_function_in_fp32():
         assert spread(after[key]) < spread(before[key]), key
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_mlp_hidden_channels_at_offsets_are_shifted_by_an_explicit_subtraction(seed):
+    """Hidden MLP channels that sit at offsets (no linear producer can take their shift: GELU is between) are
+    shifted in the graph (``ShiftedMLP``: ``mlp.shift``, ``mlp.layers.1``'s bias holding ``W d``): the encoder is
+    the same function in fp32 and the calibrated range int8 quantises narrows below ``SHIFT_GAIN``; ordinary
+    weights get no shift there."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export.smooth import SHIFT_GAIN, calibrate, smoothed
+    from sam2edge.model import Rewrites, build_sam2
+
+    param, shift = "image_encoder.trunk.blocks.1.mlp.layers.0.bias", "image_encoder.trunk.blocks.1.mlp.shift"
+    plain = variant_state_dict(f"synthetic:{seed}", TEST_SMALL)
+    sd = {**plain, param: plain[param].clone()}
+    sd[param][:4] += 6.0  # four hidden channels at an offset (GELU passes them)
+    new, _ = smoothed(sd, TEST_SMALL, Rewrites())
+    assert shift in new and shift not in smoothed(plain, TEST_SMALL, Rewrites())[0]
+    models = []
+    for s in (sd, new):
+        m = build_sam2(TEST_SMALL, Rewrites())
+        m.load_state_dict(s)
+        models.append(m.eval())
+    assert models[0].get_submodule(shift.rsplit(".", 1)[0]).shift is None
+    x = torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        for a, b in zip(models[0].encode_image(x), models[1].encode_image(x), strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+
+    def gain(r):  # how much centring each channel would narrow the whole tensor's range
+        return float((r.hi.max() - r.lo.min()) / (r.hi - r.lo).max())
+
+    before, after = (calibrate(m, TEST_SMALL, ("horse.png",))["blocks.1.mlp"] for m in models)
+    assert gain(before) >= SHIFT_GAIN > gain(after)
+
+
 @pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])
 def test_every_int8_export_builds_its_graphs_from_the_smoothed_encoder(target, monkeypatch, tmp_path):
     """Every target's int8 quantises activations per call (per tensor or per token), so every int8 export smooths
@@ -267,3 +302,26 @@ def test_every_int8_export_builds_its_graphs_from_the_smoothed_encoder(target, m
             pipeline.run_export(target, "test-small", precision, tmp_path / precision, weights=(sd, "t"))
     torch.testing.assert_close(built["int8"], smoothed_norm)
     assert torch.equal(built["fp32"], sd[norm])
+
+
+@pytest.mark.parametrize(  # LiteRT / ExecuTorch: about 2 minutes each here (their int8 selection and conversion)
+    "target",
+    [pytest.param("litert", marks=pytest.mark.slow), "onnx", pytest.param("executorch", marks=pytest.mark.slow)],
+)
+def test_int8_export_carries_the_mlp_shift_into_its_graph(target, tmp_path):
+    """An int8 export of weights whose MLP hidden channels sit at offsets converts the shift with its encoder:
+    the card counts the shifted MLPs and the bundle's masks stay with eager fp32 (a graph without the
+    subtraction would add ``W d`` to every token: masks far off)."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+    from sam2edge.export.pipeline import run_export
+
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
+    fc1 = "image_encoder.trunk.blocks.1.mlp.layers.0.bias"
+    sd[fc1] = sd[fc1].clone()
+    sd[fc1][:4] += 6.0  # four hidden channels at an offset
+    source = {"checkpoint": "synthetic:1", "format": "synthetic", "sha256": None}
+    card = run_export(target, "test-small", "int8", tmp_path / "b", weights=(sd, source), force=True, clicks=8)
+    assert card["extra"]["int8_shifted_mlps"] >= 1
+    e2e = card["fidelity"]["end_to_end"]
+    assert e2e["iou_median"] >= 0.95, e2e

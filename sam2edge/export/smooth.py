@@ -15,6 +15,12 @@ The attention's values feed its output projection the same way, since each outpu
 divided by ``s`` is undone by multiplying the projection's column by ``s``; here the shift goes into the value
 bias (rows ``2C:3C`` of ``attn.qkv``) and ``proj``'s bias, the scale into the value rows and ``proj``'s columns.
 
+The MLP's hidden activations (GELU's output, the input of ``mlp.layers.1``) have no linear producer to fold into:
+where their channels sit at offsets (outlier residual channels amplified by ``norm2`` give ``fc1``'s rows constant
+parts), they are shifted by an explicit subtraction in the graph, ``mlp.shift`` (``model.image_encoder.ShiftedMLP``),
+and ``W d`` goes into the layer's bias; only where centring narrows the calibrated range by ``SHIFT_GAIN`` or more,
+so ordinary weights keep their graph as it is.
+
 Pairs per Hiera block (``image_encoder.trunk.blocks.i``): ``norm1`` -> ``attn.qkv`` (+ ``proj``, the dimension
 change's shortcut, which reads the same normalised input), ``norm2`` -> ``mlp.layers.0``, ``attn`` (values) ->
 ``attn.proj``. A windowed block whose grid is not a multiple of its window pads ``norm1``'s output with zeros, which
@@ -47,11 +53,18 @@ CALIBRATION_PHOTOS = ("motorcycle_right.png", "hubble_deep_field.jpg", "retina.j
 # norm -> the Linear layers that read its output
 PAIRS = {"norm1": ("attn.qkv", "proj"), "norm2": ("mlp.layers.0",)}
 VALUES = "attn"  # calibration key of a block's values (the input of attn.proj)
+HIDDEN = "mlp"  # calibration key of a block's MLP hidden activations (the input of mlp.layers.1)
+# the MLP's hidden channels are shifted (an explicit subtraction, ``ShiftedMLP``) where centring them narrows the
+# calibrated range of the whole tensor at least this much: (max hi - min lo) / the widest channel's (hi - lo).
+# Full-size Hiera-Tiny, 2 calibration photos (each block's ratio): upstream-s0 / s1-perturbed / s3 1.00-1.06,
+# upstream-s4-outliers 1.79-4.85
+SHIFT_GAIN = 1.5
+INPUTS = {VALUES: "attn.proj", HIDDEN: "mlp.layers.1"}  # calibration key part -> the Linear whose input it is
 # card.json extra.int8_smoothing of every int8 bundle
 CARD_NOTE = (
     f"Outlier Suppression+ / SmoothQuant-style shift and scale of the encoder's LayerNorm -> Linear and value -> "
-    f"output projection pairs (export.smooth, alpha {ALPHA}, calibrated on skimage photos outside the fidelity "
-    "click set; exact in fp32)"
+    f"output projection pairs, and a per-channel shift of the MLP's hidden activations where they sit at offsets "
+    f"(export.smooth, alpha {ALPHA}, calibrated on skimage photos outside the fidelity click set; exact in fp32)"
 )
 
 
@@ -63,9 +76,9 @@ class ChannelRange(NamedTuple):
 
 class RangeRecorder:
     """Forward hooks on ``model``'s Hiera blocks that record, while photos run through its encoder, the
-    per-channel range of each LayerNorm of ``PAIRS`` (``"blocks.i.normK"``) and of the values entering
-    ``attn.proj`` (``"blocks.i.attn"``), and which blocks pad their windows. ``hooks``: for ``encode_photos``;
-    ``ranges()`` once the photos have run."""
+    per-channel range of each LayerNorm of ``PAIRS`` (``"blocks.i.normK"``), of the values entering
+    ``attn.proj`` (``"blocks.i.attn"``) and of the MLP's hidden activations (``"blocks.i.mlp"``), and which blocks
+    pad their windows. ``hooks``: for ``encode_photos``; ``ranges()`` once the photos have run."""
 
     def __init__(self, model) -> None:
         self.seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -77,8 +90,9 @@ class RangeRecorder:
             for norm in (n for n in PAIRS if hasattr(blk, n)):
                 key = f"blocks.{i}.{norm}"
                 self.hooks.append(getattr(blk, norm).register_forward_hook(lambda _m, _i, o, k=key: self._record(k, o)))
-            key = f"blocks.{i}.{VALUES}"
-            self.hooks.append(blk.attn.proj.register_forward_pre_hook(lambda _m, inp, k=key: self._record(k, inp[0])))
+            for part, name in INPUTS.items():
+                key, layer = f"blocks.{i}.{part}", blk.get_submodule(name)
+                self.hooks.append(layer.register_forward_pre_hook(lambda _m, inp, k=key: self._record(k, inp[0])))
 
     def _record(self, key: str, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1])  # (tokens, C)
@@ -139,11 +153,22 @@ def block_key(key: str) -> tuple[int, str]:
     return int(i), part
 
 
-def readers(sd: dict, key: str) -> list[str]:
-    """The Linear layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
-    ``PAIRS`` that the block has, or the values' ``attn.proj``."""
+def shift_site(key: str) -> tuple[str, str] | None:
+    """(the module holding the explicit ``shift``, the layer reading its input) of a calibration key shifted by a
+    subtraction in the graph (the MLP's hidden activations, ``model.image_encoder.ShiftedMLP``); None for a pair
+    folded into its producer."""
     i, part = block_key(key)
-    names = ("attn.proj",) if part == VALUES else PAIRS[part]
+    return (f"{BLOCK.format(i)}mlp.", f"{BLOCK.format(i)}{INPUTS[HIDDEN]}") if part == HIDDEN else None
+
+
+def readers(sd: dict, key: str) -> list[str]:
+    """The layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
+    ``PAIRS`` that the block has, the values' ``attn.proj``, or the layer after an explicit shift."""
+    site = shift_site(key)
+    if site is not None:
+        return [site[1]] if f"{site[1]}.weight" in sd else []
+    i, part = block_key(key)
+    names = (INPUTS[part],) if part in INPUTS else PAIRS[part]
     return [f"{BLOCK.format(i)}{n}" for n in names if f"{BLOCK.format(i)}{n}.weight" in sd]
 
 
@@ -154,7 +179,11 @@ def shifts_and_scales(
     SmoothQuant alone, the norms' pairs scaled and nothing shifted (the values' pairs left out)."""
     out = {}
     for key, r in ranges.items():
-        if key.endswith(f".{VALUES}") and not shift:
+        if shift_site(key) is not None:  # shifted only, and only where that narrows the range (``SHIFT_GAIN``)
+            if shift and (r.hi.max() - r.lo.min()) >= SHIFT_GAIN * (r.hi - r.lo).max():
+                out[key] = ((r.lo + r.hi) / 2, torch.ones_like(r.lo))
+            continue
+        if block_key(key)[1] == VALUES and not shift:
             continue
         wmax = torch.stack([sd[f"{n}.weight"].abs().amax(0) for n in readers(sd, key)]).amax(0)  # per input channel
         out[key] = _shift_and_scale(r, wmax, alpha, shift)
@@ -174,6 +203,17 @@ def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
     report): the function in fp32 is the same."""
     out, report = dict(sd), {}
     for key, (d, s) in ds.items():
+        report[key] = {
+            "max_scale": float(s.max()),
+            "median_scale": float(s.median()),
+            "max_shift": float(d.abs().max()),
+        }
+        site = shift_site(key)
+        if site is not None:  # an explicit subtraction (``model.image_encoder.ShiftedMLP``), W d into the bias
+            holder, reader = site
+            out[f"{holder}shift"] = d
+            out[f"{reader}.bias"] = out[f"{reader}.bias"] + out[f"{reader}.weight"] @ d
+            continue
         i, part = block_key(key)
         pre = BLOCK.format(i)
         if part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
@@ -187,11 +227,6 @@ def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
         for c in readers(sd, key):
             out[f"{c}.bias"] = out[f"{c}.bias"] + out[f"{c}.weight"] @ d
             out[f"{c}.weight"] = out[f"{c}.weight"] * s[None, :]
-        report[key] = {
-            "max_scale": float(s.max()),
-            "median_scale": float(s.median()),
-            "max_shift": float(d.abs().max()),
-        }
     return out, report
 
 
@@ -238,7 +273,12 @@ def prepared_weights(sd: dict, cfg: Sam2Config, precision: str) -> tuple[dict, d
         for name in readers(sd, key):
             hs[name] = moved(*m[name], d, s)
     rounded, error = round_layers(shifted, hs)
-    return rounded, {"int8_smoothed_pairs": len(pairs), "int8_rounding_error": error}
+    mlps = sum(shift_site(k) is not None for k in pairs)  # the MLPs given an explicit shift
+    return rounded, {
+        "int8_smoothed_pairs": len(pairs) - mlps,
+        "int8_shifted_mlps": mlps,
+        "int8_rounding_error": error,
+    }
 
 
 def export_weights(sd: dict, cfg: Sam2Config, precision: str) -> dict:

@@ -130,6 +130,26 @@ class MultiScaleAttention(nn.Module):
         return self.proj(x.reshape(B, H, W, C))  # (B, H, W, C_out)
 
 
+class ShiftedMLP(MLP):
+    """The block's MLP, whose second Linear may read its input shifted per channel: ``GELU(fc1(x)) - shift``
+    (``shift`` (hidden,), its bias holding ``W @ shift`` so the function is the same). Upstream checkpoints have no
+    shift; an int8 export's state dict holds ``mlp.shift`` where the hidden channels sit at offsets
+    (``export.smooth``), and loading it adds one elementwise subtraction to the graph, before the int8 product."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("shift", None)  # (hidden,) where loaded; None: not in the state dict
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        shift = state_dict.get(prefix + "shift")
+        self.shift = None if shift is None else torch.empty_like(shift)  # the load copies it in
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., C) -> (..., C)
+        h = self.act(self.layers[0](x))  # (..., hidden)
+        return self.layers[1](h if self.shift is None else h - self.shift)
+
+
 class MultiScaleBlock(nn.Module):
     """One Hiera block: (windowed) attention + MLP, with a pooled, projected shortcut at stage changes."""
 
@@ -141,7 +161,7 @@ class MultiScaleBlock(nn.Module):
         self.norm1 = LayerNorm(dim, 1e-6, rw)
         self.attn = MultiScaleAttention(dim, dim_out, num_heads, q_stride, rw)
         self.norm2 = LayerNorm(dim_out, 1e-6, rw)
-        self.mlp = MLP(dim_out, int(dim_out * mlp_ratio), dim_out, 2, act=nn.GELU)
+        self.mlp = ShiftedMLP(dim_out, int(dim_out * mlp_ratio), dim_out, 2, act=nn.GELU)
         if dim != dim_out:
             self.proj = nn.Linear(dim, dim_out)
 
