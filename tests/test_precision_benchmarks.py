@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,7 +145,27 @@ def test_rank_alone_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
     assert (out.read_text() == "a user's file") if case == "out-exists" else not out.exists()
 
 
-@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile"])
+def test_offsets_refuses_a_missing_checkpoint_in_one_line(tmp_path, capsys):
+    assert _script("int8_offsets").main([str(tmp_path / "nowhere.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nowhere.pt: no such file" in err and "\n" not in err and err.startswith("error: "), err
+
+
+def test_offsets_prints_each_blocks_gain_and_the_shifted_blocks(tmp_path, capsys):
+    """On test-small weights whose block 1 has hidden channels at an offset: one row, a gain per block, block 1
+    shifted (the export's own rule, ``shifts_and_scales``)."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+
+    sd = variant_state_dict("synthetic:1", TEST_SMALL)
+    sd["image_encoder.trunk.blocks.1.mlp.layers.0.bias"][:4] += 6.0
+    torch.save({"model": sd}, tmp_path / "offsets.pt")  # Meta's names are the image path's names
+    assert _script("int8_offsets").main([str(tmp_path / "offsets.pt"), "--config", "test-small"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+    assert row[1].strip() == "offsets" and len(row[2].split()) == 6 and row[3].strip().startswith("1"), row
+
+
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets"])
 def test_checkpoint_scripts_refuse_a_file_that_is_not_a_checkpoint(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not a checkpoint")
@@ -241,7 +262,7 @@ def test_draws_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle
     assert needle in err and "\n" not in err and err.startswith("error: "), err
 
 
-@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile"])
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets"])
 def test_checkpoint_scripts_refuse_an_unknown_config_in_one_line(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not read: the arguments are refused first")

@@ -208,15 +208,11 @@ def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
             "median_scale": float(s.median()),
             "max_shift": float(d.abs().max()),
         }
-        site = shift_site(key)
-        if site is not None:  # an explicit subtraction (``model.image_encoder.ShiftedMLP``), W d into the bias
-            holder, reader = site
-            out[f"{holder}shift"] = d
-            out[f"{reader}.bias"] = out[f"{reader}.bias"] + out[f"{reader}.weight"] @ d
-            continue
         i, part = block_key(key)
-        pre = BLOCK.format(i)
-        if part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
+        pre, site = BLOCK.format(i), shift_site(key)
+        if site is not None:  # no producer: an explicit subtraction (``model.image_encoder.ShiftedMLP``), s = 1
+            out[f"{site[0]}shift"] = d
+        elif part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
             qkv_w, qkv_b = out[f"{pre}attn.qkv.weight"], out[f"{pre}attn.qkv.bias"]
             v = slice(2 * len(d), 3 * len(d))
             out[f"{pre}attn.qkv.weight"] = torch.cat([qkv_w[: v.start], qkv_w[v] / s[:, None]])
