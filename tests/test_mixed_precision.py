@@ -628,16 +628,17 @@ def test_fp16_encoder_exports_a_graph_that_reads_a_parameter_directly():
 
 def test_smoothing_leaves_a_convolutional_trunk_alone():
     """EdgeTAM's RepViT has no LayerNorm -> Linear pairs: int8 smoothing calibrates nothing there (and does
-    not fail), while Hiera's blocks give one pair per norm and one for the values."""
+    not fail), while Hiera's blocks give one pair per norm, one for the values and one for the MLP's hidden
+    activations (``INPUTS``)."""
     from sam2edge.config import get_config
-    from sam2edge.export.smooth import PAIRS, calibrate
+    from sam2edge.export.smooth import INPUTS, PAIRS, calibrate
     from sam2edge.model import build_sam2
 
     for name, pairs in (("test-small-edgetam", 0), ("test-small", None)):
         cfg = get_config(name)
         model = build_sam2(cfg).eval()
         got = calibrate(model, cfg, photos=("horse.png",))
-        want = len(model.image_encoder.trunk.blocks) * (len(PAIRS) + 1) if pairs is None else pairs
+        want = len(model.image_encoder.trunk.blocks) * (len(PAIRS) + len(INPUTS)) if pairs is None else pairs
         assert len(got) == want, (name, len(got))
 
 
