@@ -155,20 +155,17 @@ def block_key(key: str) -> tuple[int, str]:
     return int(i), part
 
 
-def shift_site(key: str) -> tuple[str, str] | None:
-    """(the module holding the explicit ``shift``, the layer reading its input) of a calibration key shifted by a
-    subtraction in the graph (the MLP's hidden activations, ``model.image_encoder.ShiftedMLP``); None for a pair
-    folded into its producer."""
+def shift_holder(key: str) -> str | None:
+    """The module (name prefix) holding the explicit ``shift`` of calibration key ``key``, shifted by a
+    subtraction in the graph (a block's MLP, ``model.image_encoder.ShiftedMLP``); None for a pair folded into
+    its producer."""
     i, part = block_key(key)
-    return (f"{BLOCK.format(i)}mlp.", f"{BLOCK.format(i)}{INPUTS[HIDDEN]}") if part == HIDDEN else None
+    return f"{BLOCK.format(i)}mlp." if part == HIDDEN else None
 
 
 def readers(sd: dict, key: str) -> list[str]:
-    """The layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
-    ``PAIRS`` that the block has, the values' ``attn.proj``, or the layer after an explicit shift."""
-    site = shift_site(key)
-    if site is not None:
-        return [site[1]] if f"{site[1]}.weight" in sd else []
+    """The Linear layers (module names) reading the activation of calibration key ``key`` in ``sd``: a norm's
+    ``PAIRS`` that the block has, the values' ``attn.proj``, the hidden activations' ``mlp.layers.1``."""
     i, part = block_key(key)
     names = (INPUTS[part],) if part in INPUTS else PAIRS[part]
     return [f"{BLOCK.format(i)}{n}" for n in names if f"{BLOCK.format(i)}{n}.weight" in sd]
@@ -181,7 +178,7 @@ def shifts_and_scales(
     SmoothQuant alone, the norms' pairs scaled and nothing shifted (the values' pairs left out)."""
     out = {}
     for key, r in ranges.items():
-        if shift_site(key) is not None:  # shifted only, and only where that narrows the range (``SHIFT_GAIN``)
+        if shift_holder(key) is not None:  # shifted only, and only where that narrows the range (``SHIFT_GAIN``)
             if shift and (r.hi.max() - r.lo.min()) >= SHIFT_GAIN * (r.hi - r.lo).max():
                 out[key] = ((r.lo + r.hi) / 2, torch.ones_like(r.lo))
             continue
@@ -211,9 +208,9 @@ def applied(sd: dict, ds: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple
             "max_shift": float(d.abs().max()),
         }
         i, part = block_key(key)
-        pre, site = BLOCK.format(i), shift_site(key)
-        if site is not None:  # no producer: an explicit subtraction (``model.image_encoder.ShiftedMLP``), s = 1
-            out[f"{site[0]}shift"] = d
+        pre, holder = BLOCK.format(i), shift_holder(key)
+        if holder is not None:  # no producer: an explicit subtraction (``model.image_encoder.ShiftedMLP``), s = 1
+            out[f"{holder}shift"] = d
         elif part == VALUES:  # values are rows 2C:3C of qkv (q, k, v blocks, heads packed head-major)
             qkv_w, qkv_b = out[f"{pre}attn.qkv.weight"], out[f"{pre}attn.qkv.bias"]
             v = slice(2 * len(d), 3 * len(d))
@@ -271,7 +268,7 @@ def prepared_weights(sd: dict, cfg: Sam2Config, precision: str) -> tuple[dict, d
         for name in readers(sd, key):
             hs[name] = moved(*m[name], d, s)
     rounded, error = round_layers(shifted, hs)
-    mlps = sum(shift_site(k) is not None for k in pairs)  # the MLPs given an explicit shift
+    mlps = sum(shift_holder(k) is not None for k in pairs)  # the MLPs given an explicit shift
     return rounded, {
         "int8_smoothed_pairs": len(pairs) - mlps,
         "int8_shifted_mlps": mlps,
