@@ -40,7 +40,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from sam2edge.config import get_config
     from sam2edge.errors import UserError
-    from sam2edge.export.smooth import HIDDEN, SHIFT_GAIN, block_key, calibrate, shift_holder, shifts_and_scales
+    from sam2edge.export.smooth import (
+        HIDDEN,
+        SHIFT_GAIN,
+        block_key,
+        calibrate,
+        centring_gain,
+        shift_holder,
+        shifts_and_scales,
+    )
     from sam2edge.model import Rewrites, build_sam2
     from sam2edge.weights import load_weights
 
@@ -58,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(sd)
         ranges = calibrate(model.eval(), cfg)
         hidden = sorted((k for k in ranges if block_key(k)[1] == HIDDEN), key=lambda k: block_key(k)[0])
-        gains = [float((ranges[k].hi.max() - ranges[k].lo.min()) / (ranges[k].hi - ranges[k].lo).max()) for k in hidden]
+        gains = [centring_gain(ranges[k]) for k in hidden]
         shifted = [block_key(k)[0] for k in shifts_and_scales(sd, ranges) if shift_holder(k)]
         blocks = ", ".join(str(i) for i in sorted(shifted)) or "none"
         print(f"| {Path(path).stem} | {' '.join(f'{g:.2f}' for g in gains)} | {blocks} |", flush=True)

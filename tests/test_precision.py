@@ -241,7 +241,7 @@ def test_mlp_hidden_channels_at_offsets_are_shifted_by_an_explicit_subtraction(s
     weights get no shift there."""
     from sam2edge.checks.fidelity.checkpoints import variant_state_dict
     from sam2edge.config import TEST_SMALL
-    from sam2edge.export.smooth import SHIFT_GAIN, calibrate, smoothed
+    from sam2edge.export.smooth import SHIFT_GAIN, calibrate, centring_gain, smoothed
     from sam2edge.model import Rewrites, build_sam2
 
     param, shift = "image_encoder.trunk.blocks.1.mlp.layers.0.bias", "image_encoder.trunk.blocks.1.mlp.shift"
@@ -261,11 +261,8 @@ def test_mlp_hidden_channels_at_offsets_are_shifted_by_an_explicit_subtraction(s
         for a, b in zip(models[0].encode_image(x), models[1].encode_image(x), strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
 
-    def gain(r):  # how much centring each channel would narrow the whole tensor's range
-        return float((r.hi.max() - r.lo.min()) / (r.hi - r.lo).max())
-
     before, after = (calibrate(m, TEST_SMALL, ("horse.png",))["blocks.1.mlp"] for m in models)
-    assert gain(before) >= SHIFT_GAIN > gain(after)
+    assert centring_gain(before) >= SHIFT_GAIN > centring_gain(after)
 
 
 @pytest.mark.parametrize("target", ["litert", "onnx", "executorch"])

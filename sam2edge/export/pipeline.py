@@ -248,8 +248,9 @@ def _build_and_measure(spec: TargetSpec, job: Job, stages: Stages, bars: dict | 
         missed = [] if fidelity["passed"] or not sel else check_bars({}, e2e, _iou_bars(job.precision, bars))
         more = widened(sel, e2e["iou_worst"], e2e["iou_median"]) if missed else None
         if more is None:
-            if fidelity["passed"] and sel and not sel["holds"]:
-                stage(f"{job.precision}: the bundle passed its check, but {unheld_note(sel)}")
+            unheld = unheld_note(sel) if fidelity["passed"] else ""
+            if unheld:
+                stage(f"{job.precision}: the bundle passed its check, but {unheld}")
             return fidelity
         stage(
             f"{job.precision}: the bundle missed a bar its emulation met ({missed[0]}); converting again with "

@@ -155,6 +155,12 @@ def block_key(key: str) -> tuple[int, str]:
     return int(i), part
 
 
+def centring_gain(r: ChannelRange) -> float:
+    """How much centring each channel of ``r`` narrows the range of the whole tensor: ``(max hi - min lo) / max
+    (hi - lo)`` (1: nothing to gain; an explicit shift is added from ``SHIFT_GAIN``)."""
+    return float((r.hi.max() - r.lo.min()) / (r.hi - r.lo).max())
+
+
 def shift_holder(key: str) -> str | None:
     """The module (name prefix) holding the explicit ``shift`` of calibration key ``key``, shifted by a
     subtraction in the graph (a block's MLP, ``model.image_encoder.ShiftedMLP``); None for a pair folded into
@@ -179,7 +185,7 @@ def shifts_and_scales(
     out = {}
     for key, r in ranges.items():
         if shift_holder(key) is not None:  # shifted only, and only where that narrows the range (``SHIFT_GAIN``)
-            if shift and (r.hi.max() - r.lo.min()) >= SHIFT_GAIN * (r.hi - r.lo).max():
+            if shift and centring_gain(r) >= SHIFT_GAIN:
                 out[key] = ((r.lo + r.hi) / 2, torch.ones_like(r.lo))
             continue
         if block_key(key)[1] == VALUES and not shift:
