@@ -151,6 +151,14 @@ def test_offsets_refuses_a_missing_checkpoint_in_one_line(tmp_path, capsys):
     assert "nowhere.pt: no such file" in err and "\n" not in err and err.startswith("error: "), err
 
 
+def test_offsets_refuses_a_file_that_is_not_a_checkpoint_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "notes.pt"
+    bad.write_bytes(b"not a checkpoint")
+    assert _script("int8_offsets").main([str(bad), "--config", "test-small"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "notes.pt" in err, err
+
+
 def test_offsets_prints_each_blocks_gain_and_the_shifted_blocks(tmp_path, capsys):
     """On test-small weights whose block 1 has hidden channels at an offset: one row, a gain per block, block 1
     shifted (the export's own rule, ``shifts_and_scales``)."""
