@@ -20,7 +20,7 @@ import torch
 from sam2edge.checks.fidelity.bars import BARS
 from sam2edge.checks.fidelity.checkpoints import variant_state_dict
 from sam2edge.config import TEST_SMALL
-from sam2edge.export.mixed import MARGIN, choose_kept, meets, ranked_units, select
+from sam2edge.export.mixed import MARGIN, choose_kept, meets, select
 
 FP16 = BARS["fp16"]
 SOURCE = {"format": "synthetic", "sha256": None}
@@ -68,24 +68,6 @@ def test_choose_kept_says_when_nothing_holds_and_keeps_to_its_budget():
     calls.clear()
     sel = choose_kept([f"p{i}" for i in range(10)], _needs({"p6"}, calls), FP16, max_kept=10, budget=4)
     assert not sel.holds and [len(k) for k in calls] == [0, 1, 2, 4]
-
-
-def test_choose_kept_keeps_parts_ranked_together_whole():
-    """A group the ranking measured only together (LiteRT's 1x1 convolutions) is one step of the prefix sizes:
-    no measurement keeps part of it, and the group counts its parts against ``max_kept``."""
-    rows = [{"part": c, "kept_together_with": 2} for c in ("c1", "c2", "c3")]
-    rows += [{"part": f"p{i}"} for i in range(6)]
-    units = ranked_units(rows)
-    assert units == [("c1", "c2", "c3"), "p0", "p1", "p2", "p3", "p4", "p5"]
-    calls: list = []
-    sel = choose_kept(units, _needs({"c1", "c2", "c3", "p1"}, calls), FP16, max_kept=16, budget=10)
-    assert sel.holds and sel.kept == ("c1", "c2", "c3", "p0", "p1")
-    # units 0, 1, 2 fail, 4 holds, 3 holds: parts 0, 3, 4, 6, 5, never 1 or 2 of the group
-    assert [len(k) for k in calls] == [0, 3, 4, 6, 5]
-    calls.clear()
-    sel = choose_kept(units, _needs({"p5"}, calls), FP16, max_kept=5)  # the group + 2 parts fit, not + 3
-    assert not sel.holds and [len(k) for k in calls] == [0, 3, 4, 5]
-    assert ranked_units([{"part": "a"}, {"part": "b"}]) == ["a", "b"]
 
 
 def test_select_skips_the_ranking_when_everything_reduced_holds():

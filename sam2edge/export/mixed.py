@@ -9,8 +9,7 @@ weights a few parts cost the end-to-end mask IoU far more than the rest (a check
      the sensitivity sweep of ``export.int8_sensitivity``);
   2. ``choose_kept``: the all-reduced model measured, then the first k ranked parts kept fp32 for k = 1, 2, 3,
      ... until the measured worst and median meet the bars (plus ``MARGIN``, the emulation is not the runtime);
-     parts the ranking measured only together count as one step (``ranked_units``); if none within
-     ``max_kept`` does, the selection says so (the export then refuses, naming the parts);
+     if none within ``max_kept`` does, the selection says so (the export then refuses, naming the parts);
   3. a goal beyond the shipping bar (int8: median >= 0.99 over the bar's worst >= 0.95) that even keeping every
      candidate fp32 misses gives way to the shipping bar itself (``fallback``): the fewest parts that ship.
 
@@ -91,50 +90,26 @@ def meets(worst: float, median: float, bars: Mapping[str, float], margin: Mappin
     return ok
 
 
-# one entry of a ranking: a part, or parts that are only kept together (measured as a group, ``ranked_units``)
-Unit = str | tuple[str, ...]
-
-
-def _parts(units: Sequence[Unit]) -> tuple[str, ...]:
-    """The parts of ``units``, in order."""
-    return tuple(p for u in units for p in ((u,) if isinstance(u, str) else u))
-
-
-def ranked_units(rows: Sequence[Mapping]) -> list[Unit]:
-    """A ranking's rows (most harmful first) as ``choose_kept``'s units: the rows measured kept together (a
-    ``"kept_together_with"`` note, e.g. LiteRT's 1x1 convolutions) one unit where the first of them ranks, every
-    other row its own part. A prefix then never keeps part of a group, which the ranking did not measure."""
-    group = tuple(r["part"] for r in rows if "kept_together_with" in r)
-    out: list[Unit] = []
-    for r in rows:
-        if "kept_together_with" not in r:
-            out.append(r["part"])
-        elif r["part"] == group[0]:
-            out.append(group)
-    return out
-
-
 def choose_kept(
-    ranked: Sequence[Unit],
+    ranked: Sequence[str],
     measure: Measure,
     bars: Mapping[str, float],
     max_kept: int,
     margin: Mapping[str, float] = MARGIN,
     budget: int = MAX_MEASUREMENTS,
 ) -> Selection:
-    """The smallest prefix of ``ranked`` (most harmful first; a tuple entry is parts kept together, counted as one
-    step) that, kept fp32, meets ``bars`` + ``margin`` by ``measure``: prefixes of 0, then ``STEPS`` sizes
-    (doubling) up to ``max_kept`` parts, then a binary search between the last failing and the first passing
-    size; at most ``budget`` measurements (then: does not hold)."""
+    """The smallest prefix of ``ranked`` (most harmful first) that, kept fp32, meets ``bars`` + ``margin`` by
+    ``measure``: prefixes of 0, then ``STEPS`` sizes (doubling) up to ``max_kept``, then a binary search between
+    the last failing and the first passing size; at most ``budget`` measurements (then: does not hold)."""
     trials: list[Trial] = []
 
     def run(k: int) -> Trial:
-        kept = _parts(ranked[:k])
+        kept = tuple(ranked[:k])
         worst, median = measure(kept)
         trials.append(Trial(kept, float(worst), float(median), meets(worst, median, bars, margin)))
         return trials[-1]
 
-    top = max((k for k in range(len(ranked) + 1) if len(_parts(ranked[:k])) <= max_kept), default=0)
+    top = min(max_kept, len(ranked))
     sizes = [0, *(s for s in STEPS if s < top)] + ([top] if top > 0 else [])
     last_fail = -1
     for k in sizes:
@@ -147,7 +122,7 @@ def choose_kept(
         while hi - lo > 1 and len(trials) < budget:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if run(mid).holds else (mid, hi)
-        return Selection(_parts(ranked[:hi]), True, tuple(trials))
+        return Selection(tuple(ranked[:hi]), True, tuple(trials))
     return Selection(trials[-1].kept, False, tuple(trials))
 
 
@@ -198,7 +173,7 @@ def _select(ranking, measure, bars, max_kept, margin, upper, budget, fallback) -
         return base if not kept else measure(kept)
 
     left = budget - len(trials)
-    sel = choose_kept(ranked_units(rows), memo, aim or bars, max_kept, margin, left + 1)
+    sel = choose_kept([r["part"] for r in rows], memo, aim or bars, max_kept, margin, left + 1)
     ordered = sel.trials[:1] + tuple(trials[1:]) + sel.trials[1:]  # all-reduced, everything kept, prefixes
     return Selection(sel.kept, sel.holds, ordered, tuple(rows), aimed_at=aim)
 
