@@ -31,6 +31,8 @@ from datetime import date
 from pathlib import Path
 
 CONFIG = "sam2.1-hiera-tiny"
+# what a record says of the machine it was measured on (``checks.bench.records.machine``)
+MACHINE_KEYS = ("cpu", "cpu_generation", "cores", "vector_extensions")
 COLUMNS = [
     ["checkpoint", "checkpoint"],
     ["target", "target"],
@@ -124,7 +126,7 @@ def record(args) -> int:
         "date": date.today().isoformat(),
         "command": "python benchmarks/precision_robustness.py export --set DIR --bundles DIR && python "
         f"benchmarks/precision_robustness.py record --bundles DIR --id {args.id} --out FILE",
-        "machine": {k: machine()[k] for k in ("cpu", "cores", "vector_extensions")},  # where `record` runs
+        "machine": {k: machine()[k] for k in MACHINE_KEYS},  # where `record` runs
         "columns": COLUMNS,
         "rows": rows,
         "notes": [
@@ -303,7 +305,7 @@ def speed(args) -> int:
         f"benchmarks/bench_targets.py BUNDLE ... --peer PEER --threads {first['threads']} --runs {first['runs']} "
         f"--clicks {first['clicks_per_run']} --records RECORDS && python benchmarks/precision_robustness.py speed "
         "--bench RECORDS/DATE --set SET --out FILE",
-        "machine": {k: first["machine"][k] for k in ("cpu", "cores", "vector_extensions")},
+        "machine": {k: first["machine"].get(k) for k in MACHINE_KEYS},
         "sam2edge": {"version": first["version"].split()[-1]},
         "columns": SPEED_COLUMNS,
         "rows": rows,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 for _name in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # public name -> module that defines it (imported on first access)
 _LAZY: dict[str, str] = {

@@ -245,6 +245,9 @@ def test_card_precision_section_shows_measured_iou_and_fp32_kept():
     text = "\n".join(precision_section({"precision": "fp16", "target": "executorch", "extra": {}}, fid16))
     assert "upstream operations) on AMD EPYC, fp16 arithmetic through fp32:" in text and "sam2edge verify" in text
     assert "sam2edge verify" not in "\n".join(precision_section({"precision": "fp16", "target": "onnx"}, fid16))
+    fid16["machine"] = {"cpu": "AMD EPYC", "cpu_generation": "family 26, model 2", "fp16_arithmetic": "native"}
+    text = "\n".join(precision_section({"precision": "fp16", "target": "executorch", "extra": {}}, fid16))
+    assert "on AMD EPYC (family 26, model 2), fp16 arithmetic native:" in text  # the generation beside the name
     fid16["machine"] = {"cpu": "Old CPU"}  # a record without the arithmetic: the CPU alone
     assert "upstream operations) on Old CPU:" in "\n".join(precision_section({"precision": "fp16"}, fid16))
     assert fp32_kept("executorch", "fp16") and fp32_kept("onnx", "fp16") and not fp32_kept("litert", "fp32")

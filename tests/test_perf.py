@@ -91,6 +91,14 @@ def test_litert_per_operator_profile(tmp_path: Path) -> None:
     ops = {n.op for n in nodes}
     assert {"CONV_2D", "GELU", "FULLY_CONNECTED"} <= ops and whole > 0
     assert all(n.ms > 0 for n in nodes)
+    # a dynamic-range int8 conversion: its products name their int8 weights, so a profile tells them from fp32 ones
+    from litert_torch.generative.quantize import quant_recipes
+
+    q = tmp_path / "tiny-int8.tflite"
+    litert_torch.convert(m.eval(), (torch.randn(1, 3, 8, 8),), quant_config=quant_recipes.full_dynamic_recipe()).export(
+        str(q)
+    )
+    assert {"CONV_2D int8", "FULLY_CONNECTED int8", "GELU"} <= {n.op for n in tflite_node_times(q, 1, 2)[0]}
 
 
 def test_executorch_etdump_profile(tmp_path: Path) -> None:
@@ -430,18 +438,22 @@ def test_bench_compare_times_the_peer(onnx_bundle: Path, tmp_path: Path, capsys)
 def test_records_carry_the_cpu_model_and_its_extensions() -> None:
     """machine() names the CPU and its SIMD / int8 / fp16 / bf16 extensions from /proc/cpuinfo text."""
     xeon = (
-        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480+\n"
         "flags\t\t: fpu sse2 avx f16c fma avx2 avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 amx_tile\n"
     )
     m = machine(xeon)
-    assert m["cpu"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert m["cpu"] == "Intel(R) Xeon(R) Platinum 8480+" and m["cpu_generation"] == "family 6, model 143"
     assert m["vector_extensions"] == [
         "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile"
     ]  # fmt: skip
-    arm = "processor\t: 0\nFeatures\t: fp asimd asimdhp asimddp sve sve2 i8mm bf16\nHardware\t: Graviton3\n"
-    assert machine(arm)["cpu"] == "Graviton3"
+    arm = (
+        "processor\t: 0\nFeatures\t: fp asimd asimdhp asimddp sve sve2 i8mm bf16\nCPU part\t: 0xd40\n"
+        "Hardware\t: Graviton3\n"
+    )
+    assert machine(arm)["cpu"] == "Graviton3" and machine(arm)["cpu_generation"] == "part 0xd40"
     assert machine(arm)["vector_extensions"] == ["asimd", "asimdhp", "asimddp", "sve", "sve2", "i8mm", "bf16"]
-    assert machine("")["cpu"] and machine("")["vector_extensions"] == []
+    assert machine("")["cpu"] and machine("")["vector_extensions"] == [] and machine("")["cpu_generation"] is None
     here = machine()
     assert isinstance(here["cpu"], str) and here["cpu"] and here["cores"] >= 1
 

@@ -1,8 +1,8 @@
 """The reduced-precision benchmark scripts: ``precision_robustness.py speed`` builds its table from one bench run's
-records (and ``record`` its table from bundle cards), and they, ``int8_rank_alone.py``, ``int8_fragile.py``,
-``executorch_fp16_error.py``,
-``bench_onnx_forms.py``, ``bench_eager_beside.py`` and ``bench_provenance.py`` refuse unusable input in one line with
-exit code 2, writing nothing.
+records (and ``record`` its table from bundle cards), ``int8_bound.py`` splits two profiles by kind of operator, and
+they, ``int8_rank_alone.py``, ``int8_fragile.py``, ``executorch_fp16_error.py``, ``bench_onnx_forms.py``,
+``bench_eager_beside.py`` and ``bench_provenance.py`` refuse unusable input in one line with exit code 2, writing
+nothing.
 """
 
 from __future__ import annotations
@@ -411,3 +411,75 @@ def test_litert_static_refuses_unusable_input_in_one_line(tmp_path, capsys, case
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
     assert record.read_text() == "a user's file" and not (tmp_path / "w").exists()
+
+
+def _profile(target: str, precision: str, types: dict[str, float]) -> dict:
+    """A ``sam2edge bench --profile`` record whose encoder took ``types`` (operator type -> ms per call)."""
+    by_type = [{"op": op, "ms": ms, "share": 0.0, "count": 1} for op, ms in types.items()]
+    return {
+        "kind": "profile",
+        "target": target,
+        "precision": precision,
+        "resolution": 1024,
+        "threads": 2,
+        "runs": 3,
+        "time": "2026-01-02T03:04:05Z",
+        "machine": {"cpu": "Test CPU", "cores": 2, "vector_extensions": ["avx2"]},
+        "runtime": {"encoder": {"by_type": by_type}},
+    }
+
+
+def test_int8_bound_splits_the_profiles_by_kind_and_computes_the_ceiling(tmp_path, capsys):
+    """fp32: 300 ms of weight products, 100 of activation products, 100 of the rest; int8 quantised 240 ms of the
+    products to 80 (3x) and kept 60 ms fp32: 80 + 60 + 100 + 100 = 340 ms. Every product at 3x gives 300 ms, a
+    ceiling of 500 / 300 = 1.67x; 1.6x needs the products at 300 / (500 / 1.6 - 200) = 2.67x."""
+    fp32 = {"FULLY_CONNECTED": 280.0, "CONV_2D": 20.0, "BATCH_MATMUL": 100.0, "SOFTMAX": 60.0, "RESHAPE": 40.0}
+    int8 = {"FULLY_CONNECTED int8": 80.0, "FULLY_CONNECTED": 60.0, "BATCH_MATMUL": 100.0, "SOFTMAX": 100.0}
+    paths = [tmp_path / "q.json", tmp_path / "f.json"]
+    paths[0].write_text(json.dumps(_profile("litert", "int8", int8)))
+    paths[1].write_text(json.dumps(_profile("litert", "fp32", fp32)))
+    record = tmp_path / "bound.json"
+    assert _script("int8_bound").main([*map(str, paths), "--record", str(record)]) == 0
+    row = json.loads(record.read_text())["rows"][0]
+    assert (row["fp32_ms"], row["int8_ms"], row["speedup"]) == (500, 340, "1.47x")
+    assert (row["weight_ms"], row["weight_speedup"]) == ("300 -> 80 + 60 kept fp32", "3.00x")
+    assert (row["activation_ms"], row["rest_ms"], row["ceiling"], row["needed"]) == (
+        "100 -> 100", "100 -> 100", "1.67x", "2.67x"
+    )  # fmt: skip
+    et = {"xnnpack:Fully Connected (NC, QDU8, F32, QC8W) GEMM": 50.0, "xnnpack:Batch Matrix Multiply (NC, F32)": 400.0}
+    et_fp32 = {"xnnpack:Fully Connected (NC, F32) GEMM": 150.0, "xnnpack:Batch Matrix Multiply (NC, F32)": 400.0}
+    assert (
+        _script("int8_bound").bound(_profile("executorch", "int8", et), _profile("executorch", "fp32", et_fp32), 1.6)[
+            "needed"
+        ]
+        == "unreachable"
+    )  # 550 / 1.6 < 400 ms of activation products alone
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("odd", "give them in pairs"),
+        ("not-a-profile", "not a profile record"),
+        ("order", "not an int8 and an fp32 profile of one target, in that order"),
+        ("onnx", "has no operator kinds"),
+        ("no-int8", "no int8 product"),
+        ("record-exists", "exists; name a new file for --record"),
+    ],
+)
+def test_int8_bound_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    q = _profile("onnx" if case == "onnx" else "litert", "int8", {"FULLY_CONNECTED int8": 1.0})
+    f = _profile("litert", "fp32", {"FULLY_CONNECTED": 3.0})
+    if case == "no-int8":
+        q["runtime"]["encoder"]["by_type"][0]["op"] = "FULLY_CONNECTED"
+    paths = [tmp_path / "q.json", tmp_path / "f.json"]
+    paths[0].write_text("not json" if case == "not-a-profile" else json.dumps(q))
+    paths[1].write_text(json.dumps(f))
+    record = tmp_path / "r.json"
+    record.write_text("a user's file")
+    argv = {"odd": paths[:1], "order": paths[::-1]}.get(case, paths)
+    argv = [*map(str, argv), *(["--record", str(record)] if case == "record-exists" else [])]
+    assert _script("int8_bound").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert record.read_text() == "a user's file"

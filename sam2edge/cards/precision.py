@@ -4,6 +4,7 @@ export kept in fp32 and why (card.json ``extra.fp32_kept``, written by the expor
 from __future__ import annotations
 
 from sam2edge.cards.sections import _num, _table
+from sam2edge.checks.bench.records import cpu_name
 from sam2edge.checks.fidelity.bars import bars_for
 from sam2edge.export.mixed import unheld_note
 
@@ -64,7 +65,7 @@ def _measured_on(machine: object, precision: str) -> str:
     if not isinstance(machine, dict) or not machine.get("cpu"):
         return ""
     arithmetic = machine.get("fp16_arithmetic") if precision == "fp16" else None
-    return f" on {machine['cpu']}" + (f", fp16 arithmetic {arithmetic}" if arithmetic else "")
+    return f" on {cpu_name(machine)}" + (f", fp16 arithmetic {arithmetic}" if arithmetic else "")
 
 
 def _passes(value, bar: float) -> bool:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from sam2edge.checks.bench.records import cpu_name
+
 SCHEMA = "sam2edge.table/1"
 REQUIRED = {"id": str, "title": str, "date": str, "command": str, "machine": dict, "columns": list, "rows": list}
 
@@ -79,7 +81,7 @@ def table(rec: dict) -> list[str]:
 
 def _machine(m: dict) -> str:
     ext = ", ".join(m.get("vector_extensions") or []) or "not recorded"
-    return f"{m.get('cpu', 'unknown CPU')}, {m.get('cores', '?')} cores (vector extensions: {ext})"
+    return f"{cpu_name(m)}, {m.get('cores', '?')} cores (vector extensions: {ext})"
 
 
 def section(rec: dict, chart: str | None = None) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sam2edge.bundle import MANIFEST
 from sam2edge.cards.evidence import SYNTHETIC, TARGETS
+from sam2edge.checks.bench.records import cpu_name
 
 
 def _num(v, digits: int = 3) -> str:
@@ -40,7 +41,7 @@ def _machine(rec: dict) -> str:
     m = rec.get("machine") or {}
     load = rec.get("loadavg_1m_start")
     busy = f" · load avg {load:.1f} at start" if isinstance(load, int | float) else ""
-    return f"{m.get('cpu', '?')} ×{m.get('cores', '?')} · {m.get('os', '?')} · {rec.get('runtime_version', '?')}{busy}"
+    return f"{cpu_name(m)} ×{m.get('cores', '?')} · {m.get('os', '?')} · {rec.get('runtime_version', '?')}{busy}"
 
 
 # card.json model_id -> (name in the card, citation); any other id keeps the SAM 2.1 wording

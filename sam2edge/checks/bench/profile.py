@@ -230,6 +230,23 @@ def _op_names() -> dict[int, str]:
     return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 
 
+# operators whose second input is a weight; their type reads "<OP> int8" where that weight is int8 (dynamic-range or
+# full-integer int8), so a profile tells a quantised product from one kept fp32
+WEIGHT_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV")
+
+
+def _op_kind(model, sg, op, names: dict[int, str]) -> str:
+    """The operator's type name, "<OP> int8" for a product of ``WEIGHT_OPS`` with an int8 weight."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    code = model.operatorCodes[op.opcodeIndex]
+    kind = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+    weight = int(op.inputs[2 if kind == "TRANSPOSE_CONV" else 1]) if len(op.inputs) > 1 else -1
+    if kind in WEIGHT_OPS and weight >= 0 and sg.tensors[weight].type == schema.TensorType.INT8:
+        return f"{kind} int8"
+    return kind
+
+
 def _time_interpreter(content: bytes | None, path: Path | None, threads: int, runs: int) -> float:
     """Median ms of ``invoke`` with zero inputs (one untimed call first)."""
     from ai_edge_litert.interpreter import Interpreter
@@ -258,8 +275,7 @@ def tflite_node_times(path: Path, threads: int, runs: int) -> tuple[list[NodeTim
     for i, op in enumerate(sg.operators):
         if i in folded:
             continue
-        code = model.operatorCodes[op.opcodeIndex]
-        kind = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+        kind = _op_kind(model, sg, op, names)
         out = sg.tensors[int(op.outputs[0])].name.decode(errors="replace") if len(op.outputs) else ""
         ms = _time_interpreter(piece(model, i, i + 1).data, None, threads, runs)
         nodes.append(NodeTime(f"#{i} {out.split(';')[0][-80:]}", kind, ms))  # the module path's tail

@@ -92,9 +92,26 @@ def cpu_model(cpuinfo: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
+def cpu_generation(cpuinfo: str) -> str | None:
+    """x86 ``cpu family`` and ``model`` numbers ("family 26, model 2"): CPUs sold under one name (``model
+    name: AMD EPYC`` on cloud machines) differ in generation, and their timings with them; ARM: ``CPU part``."""
+    fam = re.search(r"^cpu family\s*:\s*(\d+)$", cpuinfo, re.M)
+    mod = re.search(r"^model\s*:\s*(\d+)$", cpuinfo, re.M)
+    if fam and mod:
+        return f"family {fam.group(1)}, model {mod.group(1)}"
+    part = re.search(r"^CPU part\s*:\s*(\S+)$", cpuinfo, re.M)
+    return f"part {part.group(1)}" if part else None
+
+
+def cpu_name(m: dict) -> str:
+    """A record's ``machine`` as one name: "AMD EPYC (family 26, model 2)"."""
+    gen = f" ({m['cpu_generation']})" if m.get("cpu_generation") else ""
+    return f"{m.get('cpu', 'unknown CPU')}{gen}"
+
+
 def machine(cpuinfo: str | None = None) -> dict:
-    """What the numbers were measured on: the CPU model and its vector extensions (from ``cpuinfo``, by
-    default /proc/cpuinfo), cores, OS, Python and torch versions."""
+    """What the numbers were measured on: the CPU model, its generation and its vector extensions (from
+    ``cpuinfo``, by default /proc/cpuinfo), cores, OS, Python and torch versions."""
     import torch
 
     if cpuinfo is None:
@@ -105,6 +122,7 @@ def machine(cpuinfo: str | None = None) -> dict:
     extensions = vector_extensions(cpuinfo)
     return {
         "cpu": cpu_model(cpuinfo) or platform.processor() or "unknown",
+        "cpu_generation": cpu_generation(cpuinfo),
         "vector_extensions": extensions,
         "fp16_arithmetic": fp16_arithmetic(extensions),
         "cores": os.cpu_count(),
@@ -227,7 +245,10 @@ def format_table(records: list[dict]) -> str:
 
 def _machine_line(records: list[dict]) -> str:
     m = records[0].get("machine", {}) if records else {}
-    return f"machine: {m.get('cpu', 'unknown')}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
+    gen = f" ({m['cpu_generation']})" if m.get("cpu_generation") else ""
+    return (
+        f"machine: {m.get('cpu', 'unknown')}{gen}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
+    )
 
 
 def _label(r: dict) -> str:
