@@ -230,7 +230,7 @@ def _op_names() -> dict[int, str]:
     return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 
 
-# operators whose second input is a weight; their type reads "<OP> int8" where that weight is int8 (dynamic-range or
+# operators whose input 1 is a weight; their type reads "<OP> int8" where that weight is int8 (dynamic-range or
 # full-integer int8), so a profile tells a quantised product from one kept fp32
 WEIGHT_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV")
 
@@ -241,7 +241,7 @@ def _op_kind(model, sg, op, names: dict[int, str]) -> str:
 
     code = model.operatorCodes[op.opcodeIndex]
     kind = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
-    weight = int(op.inputs[2 if kind == "TRANSPOSE_CONV" else 1]) if len(op.inputs) > 1 else -1
+    weight = int(op.inputs[1]) if len(op.inputs) > 1 else -1  # TRANSPOSE_CONV's too (its input 0: the output shape)
     if kind in WEIGHT_OPS and weight >= 0 and sg.tensors[weight].type == schema.TensorType.INT8:
         return f"{kind} int8"
     return kind

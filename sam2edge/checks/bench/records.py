@@ -245,10 +245,7 @@ def format_table(records: list[dict]) -> str:
 
 def _machine_line(records: list[dict]) -> str:
     m = records[0].get("machine", {}) if records else {}
-    gen = f" ({m['cpu_generation']})" if m.get("cpu_generation") else ""
-    return (
-        f"machine: {m.get('cpu', 'unknown')}{gen}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
-    )
+    return f"machine: {cpu_name(m)}, {m.get('cores')} cores; {' '.join(m.get('vector_extensions', []))}"
 
 
 def _label(r: dict) -> str:
