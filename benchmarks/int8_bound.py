@@ -100,8 +100,8 @@ def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None
         return f"{len(paths)} profiles; give them in pairs: INT8_PROFILE FP32_PROFILE"
     for path, p in zip(paths, profiles, strict=True):
         if p is None:
-            return f"{path}: not a profile record; make one with `sam2edge bench BUNDLE --profile --records DIR`"
-        if p.get("target") not in KINDS or "encoder" not in p["runtime"]:
+            return f"{path}: not an encoder profile; make one with `sam2edge bench BUNDLE --profile --records DIR`"
+        if p["target"] not in KINDS:
             return f"{path}: target {p.get('target')!r} has no operator kinds; profiles of {sorted(KINDS)} only"
     for i in range(0, len(profiles), 2):
         a, b = profiles[i], profiles[i + 1]
@@ -115,12 +115,15 @@ def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None
 
 
 def _load(path: Path) -> dict | None:
+    """The profile record at ``path``, or None where it is not one with an encoder's time by operator type."""
     try:
         p = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(p, dict) and p.get("kind") == "profile" and "encoder" in (p.get("runtime") or {})
-    return p if ok else None
+    encoder = (p.get("runtime") or {}).get("encoder") if isinstance(p, dict) and p.get("kind") == "profile" else None
+    types = encoder.get("by_type") if isinstance(encoder, dict) else None
+    ok = isinstance(types, list) and all(isinstance(t, dict) and {"op", "ms"} <= set(t) for t in types)
+    return p if ok and all(isinstance(p.get(k), str) for k in ("target", "precision")) else None
 
 
 def main(argv: list[str] | None = None) -> int:

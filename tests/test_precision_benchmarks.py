@@ -460,7 +460,8 @@ def test_int8_bound_splits_the_profiles_by_kind_and_computes_the_ceiling(tmp_pat
     "case, needle",
     [
         ("odd", "give them in pairs"),
-        ("not-a-profile", "not a profile record"),
+        ("not-a-profile", "not an encoder profile"),
+        ("no-encoder", "not an encoder profile"),
         ("order", "not an int8 and an fp32 profile of one target, in that order"),
         ("onnx", "has no operator kinds"),
         ("no-int8", "no int8 product"),
@@ -472,6 +473,8 @@ def test_int8_bound_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
     f = _profile("litert", "fp32", {"FULLY_CONNECTED": 3.0})
     if case == "no-int8":
         q["runtime"]["encoder"]["by_type"][0]["op"] = "FULLY_CONNECTED"
+    if case == "no-encoder":  # a profile of a bundle without an encoder graph, such as a decoder-only run
+        q["runtime"] = {"decoder": q["runtime"]["encoder"]}
     paths = [tmp_path / "q.json", tmp_path / "f.json"]
     paths[0].write_text("not json" if case == "not-a-profile" else json.dumps(q))
     paths[1].write_text(json.dumps(f))
