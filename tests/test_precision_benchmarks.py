@@ -173,7 +173,7 @@ def test_offsets_prints_each_blocks_gain_and_the_shifted_blocks(tmp_path, capsys
     assert row[1].strip() == "offsets" and len(row[2].split()) == 6 and row[3].strip().startswith("1"), row
 
 
-@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets"])
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets", "fp16_floor"])
 def test_checkpoint_scripts_refuse_a_file_that_is_not_a_checkpoint(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not a checkpoint")
@@ -270,7 +270,7 @@ def test_draws_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle
     assert needle in err and "\n" not in err and err.startswith("error: "), err
 
 
-@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets"])
+@pytest.mark.parametrize("script", ["int8_rank_alone", "int8_fragile", "int8_offsets", "fp16_floor"])
 def test_checkpoint_scripts_refuse_an_unknown_config_in_one_line(tmp_path, capsys, script):
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"not read: the arguments are refused first")
@@ -483,6 +483,43 @@ def test_int8_bound_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
     argv = {"odd": paths[:1], "order": paths[::-1]}.get(case, paths)
     argv = [*map(str, argv), *(["--record", str(record)] if case == "record-exists" else [])]
     assert _script("int8_bound").main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("error: "), err
+    assert record.read_text() == "a user's file"
+
+
+def test_fp16_floor_rounds_where_each_row_says_and_matches_the_emulation(tmp_path, capsys):
+    """At test-small: nothing rounded is the reference itself; rounding every part's output reproduces the
+    ExecuTorch fp16 emulation with every part kept fp32 (the tensors it hands between its fp32 islands)."""
+    from sam2edge.checks.fidelity.checkpoints import variant_state_dict
+    from sam2edge.config import TEST_SMALL
+
+    torch.save({"model": variant_state_dict("synthetic:1", TEST_SMALL)}, tmp_path / "ckpt.pt")
+    record = tmp_path / "floor.json"
+    argv = [str(tmp_path / "ckpt.pt"), "--config", "test-small", "--clicks", "8", "--record", str(record)]
+    assert _script("fp16_floor").main(argv) == 0
+    rows = json.loads(record.read_text())["rows"]
+    assert [r["rounded"] for r in rows][-2:] == [
+        "input, outputs and every part's output",
+        "ExecuTorch fp16 emulation, every part kept fp32",
+    ]
+    assert (rows[0]["worst"], rows[0]["median"]) == (1.0, 1.0)
+    assert all(r["worst"] < 1.0 for r in rows[1:])  # every rounding moves some mask pixel at test-small
+    assert abs(rows[-1]["worst"] - rows[-2]["worst"]) < 2e-3 and abs(rows[-1]["median"] - rows[-2]["median"]) < 1e-3
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [("missing", "no such file"), ("clicks", "--clicks 0: give 1 or more"), ("record-exists", "exists; name a new")],
+)
+def test_fp16_floor_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
+    checkpoint, record = tmp_path / "ckpt.pt", tmp_path / "r.json"
+    if case != "missing":
+        checkpoint.write_bytes(b"not read: the arguments are refused first")
+    record.write_text("a user's file")
+    argv = [str(checkpoint), "--config", "test-small", *(["--clicks", "0"] if case == "clicks" else [])]
+    argv += ["--record", str(record)] if case == "record-exists" else []
+    assert _script("fp16_floor").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
     assert record.read_text() == "a user's file"

@@ -1,0 +1,195 @@
+"""What fp16 activations alone cost an fp16 encoder: the fp32 encoder with its tensors rounded to fp16 at chosen
+boundaries, through the check an fp16 export runs.
+
+    .venv/bin/python benchmarks/fp16_floor.py CHECKPOINT... [--config sam2.1-hiera-tiny] [--clicks 40]
+        [--record FILE --id ID --title TITLE]
+
+An fp16 program that computes in fp16 hands fp16 tensors on: ``export.half.HalfGraph`` casts the encoder graph's
+input and outputs, and every part the measured selection keeps fp32 (``export.half.Fp32Island``, ExecuTorch's fp16
+encoder) takes and gives fp16. Each row rounds the fp32 encoder graph's tensors (``x.half().float()``) at:
+
+  input / outputs / input and outputs   the graph's image, its three outputs (image embedding, feat_s0, feat_s1)
+  + every part's output                 and the output of each part the fp16 selection may keep
+                                        (``precision.fp16_parts``: the patch embedding, each trunk block, the neck,
+                                        conv_s0 / conv_s1): an fp16 program with every part kept fp32
+
+then the ExecuTorch fp16 emulation itself with every part kept (``precision.EMULATIONS["executorch"]``), which the
+last rounding row should match. Each row is the export's end-to-end check: mask IoU worst / median against eager
+fp32 with upstream's operations over ``click_set(clicks)``, fp32 decoder, bars 0.99 / 0.999. A row under the bars
+with nothing but fp16 rounding says no choice of parts kept fp32 lets that program pass. Full size, 2 cores: about
+25 s a rounding row, 30 s the emulation, per checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+from sam2edge.config import CONFIGS
+
+BARS = (0.99, 0.999)  # the fp16 bars, worst and median mask IoU
+ROWS = (
+    "nothing rounded",
+    "input",
+    "outputs",
+    "input and outputs",
+    "input, outputs and every part's output",
+)
+COLUMNS = [
+    ["checkpoint", "checkpoint"],
+    ["rounded", "rounded to fp16"],
+    ["worst", "mask IoU worst"],
+    ["median", "mask IoU median"],
+    ["bars", "bars"],
+]
+
+
+def rounded(x):
+    """``x`` (a tensor or a tuple / list of them) with its floating tensors rounded to fp16 and back."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.half().float() if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(rounded(v) for v in x)
+    return x
+
+
+class RoundedGraph:
+    """``graph`` (an encoder graph: image -> outputs) with its input and / or outputs rounded to fp16."""
+
+    def __init__(self, graph, inputs: bool, outputs: bool) -> None:
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+    def __call__(self, x):
+        y = self.graph(rounded(x) if self.inputs else x)
+        return rounded(y) if self.outputs else y
+
+    def eval(self):
+        return self
+
+
+def _rows(name: str, sd: dict, cfg, emu, prompts) -> list[dict]:
+    """One checkpoint's rows: each rounding of ``ROWS``, then the ExecuTorch fp16 emulation, every part kept."""
+    import numpy as np
+
+    from sam2edge.export.precision import GraphBackend, _ious, fp16_parts
+    from sam2edge.model import UPSTREAM, build_sam2
+    from sam2edge.runtime.backends import EagerBackend
+    from sam2edge.runtime.predictor import Sam2Predictor
+
+    ref = Sam2Predictor(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
+    rows = []
+
+    def fp32_model():
+        model = build_sam2(cfg, emu.rewrites)
+        model.load_state_dict(sd)
+        return model.eval()
+
+    def measure(rounded_where: str, backend) -> None:
+        ious = _ious(ref, Sam2Predictor(backend), prompts)
+        worst, median = float(min(ious)), float(np.median(ious))
+        ok = "pass" if worst >= BARS[0] and median >= BARS[1] else "miss"
+        rows.append(
+            {"checkpoint": name, "rounded": rounded_where, "worst": round(worst, 5), "median": round(median, 5)}
+        )
+        rows[-1]["bars"] = ok
+        print(f"{name}, {rounded_where}: worst {worst:.4f} median {median:.4f} ({ok})", flush=True)
+
+    for where in ROWS:
+        model = fp32_model()
+        modules = dict(model.named_modules())
+        if where.endswith("every part's output"):
+            for part in (p for p in fp16_parts(model) if p in modules):
+                modules[part].register_forward_hook(lambda module, args, out: rounded(out))
+        backend = GraphBackend(model, cfg)
+        io = {"input": (True, False), "outputs": (False, True)}.get(where, (where != ROWS[0], where != ROWS[0]))
+        backend.encoder_graph = RoundedGraph(backend.encoder_graph, *io)
+        measure(where, backend)
+    model = fp32_model()
+    modules = dict(model.named_modules())
+    kept = tuple(p for p in fp16_parts(model) if p in modules)
+    reduced = emu.reduce(model, kept).eval()
+    measure("ExecuTorch fp16 emulation, every part kept fp32", GraphBackend(reduced, cfg, decoder_model=model))
+    return rows
+
+
+def _problem(args) -> str | None:
+    """What makes the arguments unusable, in one line (None: nothing)."""
+    missing = [c for c in args.checkpoints if not Path(c).is_file()]
+    if missing:
+        return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
+    if args.clicks < 1:
+        return f"--clicks {args.clicks}: give 1 or more"
+    if args.record is not None and Path(args.record).exists():
+        return f"{args.record} exists; name a new file for --record (it is never overwritten)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
+    p.add_argument("--clicks", type=int, default=40)
+    p.add_argument("--record", help="also write a table record (docs/benchmarks.md) to this new file")
+    p.add_argument("--id", default="fp16-floor")
+    p.add_argument("--title", default="What fp16 activations alone cost an fp16 encoder")
+    args = p.parse_args(argv)
+    problem = _problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    import torch
+
+    from sam2edge.checks.fidelity import click_set
+    from sam2edge.config import get_config
+    from sam2edge.errors import UserError
+    from sam2edge.export.precision import EMULATIONS
+    from sam2edge.weights import load_weights
+
+    torch.set_num_threads(2)
+    cfg = get_config(args.config)
+    emu = EMULATIONS["executorch"]
+    prompts = click_set(args.clicks)
+    rows = []
+    for path in args.checkpoints:
+        try:
+            sd, _ = load_weights(path, cfg)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        rows += _rows(Path(path).stem, sd, cfg, emu, prompts)
+    if args.record:
+        import sam2edge
+        from sam2edge.cards.report import SCHEMA
+        from sam2edge.checks.bench.records import machine
+
+        rec = {
+            "schema": SCHEMA,
+            "id": args.id,
+            "title": f"{args.title} ({args.config}, {cfg.image_size} px)",
+            "date": date.today().isoformat(),
+            "command": f"python benchmarks/fp16_floor.py CHECKPOINT... --config {args.config} --clicks {args.clicks} "
+            "--record FILE",
+            "machine": {k: machine().get(k) for k in ("cpu", "cpu_generation", "cores", "vector_extensions")},
+            "sam2edge": {"version": sam2edge.__version__},
+            "columns": COLUMNS,
+            "rows": rows,
+            "notes": [
+                f"The fp32 encoder graph with its tensors rounded to fp16 where each row says, fp32 decoder; mask "
+                f"IoU against eager fp32 with upstream's operations over {args.clicks} clicks on 5 photos (the "
+                f"fp16 export's own check; bars worst >= {BARS[0]}, median >= {BARS[1]}).",
+                "every part: the patch embedding, each trunk block, the neck and conv_s0 / conv_s1, the parts an "
+                "fp16 selection may keep fp32; an ExecuTorch fp16 program hands fp16 tensors between them.",
+            ],
+        }
+        Path(args.record).write_text(json.dumps(rec, indent=2) + "\n")
+        print(f"{len(rows)} rows -> {args.record}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
