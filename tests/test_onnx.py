@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 from sam2edge.bundle import validate_fidelity
+from sam2edge.checks.bench.records import cpu_name
 from sam2edge.checks.fidelity import photo
 from sam2edge.cli.main import main
 from sam2edge.config import TEST_SMALL
@@ -224,8 +225,9 @@ def test_fp16_export_weights_half_io_float(tmp_path, sd, bundle):
     assert "## Reduced precision (fp16)" in text and "Kept in fp32, and why:" in text
     assert f"| mask IoU worst | {e2e['iou_worst']:.5f} | >= 0.99 | pass |" in text
     assert f"| mask IoU median | {e2e['iou_median']:.5f} | >= 0.999 |" in text
-    machine = card["fidelity"]["machine"]  # the CPU the check ran on, and how it computes fp16
-    assert machine["fp16_arithmetic"] in ("native", "through fp32") and f"on {machine['cpu']}, fp16 arithmetic" in text
+    machine = card["fidelity"]["machine"]  # the CPU the check ran on (name and generation), and how it computes fp16
+    assert machine["fp16_arithmetic"] in ("native", "through fp32") and f"on {machine['cpu']}" in text
+    assert f"on {cpu_name(machine)}, fp16 arithmetic {machine['fp16_arithmetic']}" in text
     assert (
         "| decoder.onnx and decoder_batched.onnx (prompt encoder + mask decoder) | in fp16 the two-way transformer"
         in text
