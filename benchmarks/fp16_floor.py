@@ -31,13 +31,14 @@ from pathlib import Path
 from sam2edge.config import CONFIGS
 
 BARS = (0.99, 0.999)  # the fp16 bars, worst and median mask IoU
-ROWS = (
-    "nothing rounded",
-    "input",
-    "outputs",
-    "input and outputs",
-    "input, outputs and every part's output",
-)
+# row -> where the fp32 encoder's tensors are rounded: (its input, its outputs, every part's output)
+ROWS: dict[str, tuple[bool, bool, bool]] = {
+    "nothing rounded": (False, False, False),
+    "input": (True, False, False),
+    "outputs": (False, True, False),
+    "input and outputs": (True, True, False),
+    "input, outputs and every part's output": (True, True, True),
+}
 COLUMNS = [
     ["checkpoint", "checkpoint"],
     ["rounded", "rounded to fp16"],
@@ -48,14 +49,12 @@ COLUMNS = [
 
 
 def rounded(x):
-    """``x`` (a tensor or a tuple / list of them) with its floating tensors rounded to fp16 and back."""
+    """``x`` (an fp32 tensor or a tuple / list of them) with its floating tensors rounded to fp16 and back."""
     import torch
 
-    if isinstance(x, torch.Tensor):
-        return x.half().float() if x.is_floating_point() else x
-    if isinstance(x, (tuple, list)):
-        return type(x)(rounded(v) for v in x)
-    return x
+    from sam2edge.export.half import cast_floats
+
+    return cast_floats(cast_floats(x, torch.float16), torch.float32)
 
 
 class RoundedGraph:
@@ -93,26 +92,19 @@ def _rows(name: str, sd: dict, cfg, emu, prompts) -> list[dict]:
         ious = _ious(ref, Sam2Predictor(backend), prompts)
         worst, median = float(min(ious)), float(np.median(ious))
         ok = "pass" if worst >= BARS[0] and median >= BARS[1] else "miss"
-        rows.append(
-            {"checkpoint": name, "rounded": rounded_where, "worst": round(worst, 5), "median": round(median, 5)}
-        )
-        rows[-1]["bars"] = ok
+        row = {"checkpoint": name, "rounded": rounded_where, "worst": round(worst, 5), "median": round(median, 5)}
+        rows.append(row | {"bars": ok})
         print(f"{name}, {rounded_where}: worst {worst:.4f} median {median:.4f} ({ok})", flush=True)
 
-    for where in ROWS:
+    for where, (inputs, outputs, parts) in ROWS.items():
         model = fp32_model()
-        modules = dict(model.named_modules())
-        if where.endswith("every part's output"):
-            for part in (p for p in fp16_parts(model) if p in modules):
-                modules[part].register_forward_hook(lambda module, args, out: rounded(out))
+        for part in fp16_parts(model, whole_modules=True) if parts else ():
+            model.get_submodule(part).register_forward_hook(lambda module, args, out: rounded(out))
         backend = GraphBackend(model, cfg)
-        io = {"input": (True, False), "outputs": (False, True)}.get(where, (where != ROWS[0], where != ROWS[0]))
-        backend.encoder_graph = RoundedGraph(backend.encoder_graph, *io)
+        backend.encoder_graph = RoundedGraph(backend.encoder_graph, inputs, outputs)
         measure(where, backend)
     model = fp32_model()
-    modules = dict(model.named_modules())
-    kept = tuple(p for p in fp16_parts(model) if p in modules)
-    reduced = emu.reduce(model, kept).eval()
+    reduced = emu.reduce(model, tuple(fp16_parts(model, whole_modules=True))).eval()
     measure("ExecuTorch fp16 emulation, every part kept fp32", GraphBackend(reduced, cfg, decoder_model=model))
     return rows
 
@@ -165,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         import sam2edge
         from sam2edge.cards.report import SCHEMA
-        from sam2edge.checks.bench.records import machine
+        from sam2edge.checks.bench.records import table_machine
 
         rec = {
             "schema": SCHEMA,
@@ -174,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": date.today().isoformat(),
             "command": f"python benchmarks/fp16_floor.py CHECKPOINT... --config {args.config} --clicks {args.clicks} "
             "--record FILE",
-            "machine": {k: machine().get(k) for k in ("cpu", "cpu_generation", "cores", "vector_extensions")},
+            "machine": table_machine(),
             "sam2edge": {"version": sam2edge.__version__},
             "columns": COLUMNS,
             "rows": rows,

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.record is not None:
         import sam2edge
         from sam2edge.cards.report import SCHEMA
+        from sam2edge.checks.bench.records import table_machine
 
         first = profiles[0]
         rec = {
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": f"sam2edge bench BUNDLE --profile --no-eager --runs {first['runs']} --clicks 1 --records DIR"
             f" (an int8 and an fp32 bundle of one checkpoint) && python benchmarks/int8_bound.py INT8_PROFILE "
             f"FP32_PROFILE ... --goal {a.goal} --record FILE",
-            "machine": {k: first["machine"].get(k) for k in ("cpu", "cpu_generation", "cores", "vector_extensions")},
+            "machine": table_machine(first["machine"]),
             "sam2edge": {"version": sam2edge.__version__},
             "columns": COLUMNS,
             "rows": rows,

@@ -31,8 +31,6 @@ from datetime import date
 from pathlib import Path
 
 CONFIG = "sam2.1-hiera-tiny"
-# what a record says of the machine it was measured on (``checks.bench.records.machine``)
-MACHINE_KEYS = ("cpu", "cpu_generation", "cores", "vector_extensions")
 COLUMNS = [
     ["checkpoint", "checkpoint"],
     ["target", "target"],
@@ -105,7 +103,7 @@ def _portable(command: str) -> str:
 def record(args) -> int:
     """The bundles' cards -> the robustness table (one row a bundle); ``--out`` must be a new file."""
     from sam2edge.cards.report import SCHEMA
-    from sam2edge.checks.bench.records import machine
+    from sam2edge.checks.bench.records import table_machine
 
     if Path(args.out).exists():
         print(f"error: {args.out} exists; name a new file for --out (it is never overwritten)", file=sys.stderr)
@@ -126,7 +124,7 @@ def record(args) -> int:
         "date": date.today().isoformat(),
         "command": "python benchmarks/precision_robustness.py export --set DIR --bundles DIR && python "
         f"benchmarks/precision_robustness.py record --bundles DIR --id {args.id} --out FILE",
-        "machine": {k: machine()[k] for k in MACHINE_KEYS},  # where `record` runs
+        "machine": table_machine(),  # where `record` runs
         "columns": COLUMNS,
         "rows": rows,
         "notes": [
@@ -252,6 +250,7 @@ def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dic
 def speed(args) -> int:
     """One bench run's subjects -> rows (bundles first, then the peer and upstream), ratios within the run."""
     from sam2edge.cards.report import SCHEMA
+    from sam2edge.checks.bench.records import table_machine
 
     bench, out = Path(args.bench), Path(args.out)
     subjects = [json.loads(p.read_text()) for p in sorted(bench.glob("*.json"))] if bench.is_dir() else []
@@ -305,7 +304,7 @@ def speed(args) -> int:
         f"benchmarks/bench_targets.py BUNDLE ... --peer PEER --threads {first['threads']} --runs {first['runs']} "
         f"--clicks {first['clicks_per_run']} --records RECORDS && python benchmarks/precision_robustness.py speed "
         "--bench RECORDS/DATE --set SET --out FILE",
-        "machine": {k: first["machine"].get(k) for k in MACHINE_KEYS},
+        "machine": table_machine(first["machine"]),
         "sam2edge": {"version": first["version"].split()[-1]},
         "columns": SPEED_COLUMNS,
         "rows": rows,

@@ -274,10 +274,11 @@ class _DecoderOnly:
         return self.test.decode(feats, coords, labels, mask_input)
 
 
-def fp16_parts(model: Sam2ImageModel) -> list[str]:
+def fp16_parts(model: Sam2ImageModel, whole_modules: bool = False) -> list[str]:
     """The encoder's parts the fp16 selection may keep fp32 (``export.mixed``): the trunk's stem (patch
     embedding, position embeddings), each trunk block, the neck, and the decoder's feature projections that the
-    encoder graph folds in; module / parameter names of ``model``."""
+    encoder graph folds in; module / parameter names of ``model``. ``whole_modules``: the submodules among them
+    only (an emulation that keeps whole modules fp32, ``Emulation.whole_modules``, leaves out bare parameters)."""
     parts: list[str] = []
     for name, _ in model.named_parameters():
         if name.startswith("image_encoder.trunk.blocks."):
@@ -292,6 +293,9 @@ def fp16_parts(model: Sam2ImageModel) -> list[str]:
             continue
         if part not in parts:
             parts.append(part)
+    if whole_modules:
+        modules = dict(model.named_modules())
+        parts = [p for p in parts if p in modules]
     return parts
 
 
@@ -350,8 +354,7 @@ def select_fp16(
     prompts = click_set(clicks)
     ref = Sam2Predictor(reference)
     emu = EMULATIONS[target]
-    modules = dict(model.named_modules())
-    parts = [p for p in fp16_parts(model) if p in modules or not emu.whole_modules]
+    parts = fp16_parts(model, emu.whole_modules)
 
     def measure(kept: tuple[str, ...]) -> tuple[float, float]:
         reduced = emu.reduce(model, kept).eval()

@@ -109,6 +109,17 @@ def cpu_name(m: dict) -> str:
     return f"{m.get('cpu', 'unknown CPU')}{gen}"
 
 
+# what a table record (``cards.report``) keeps of ``machine()``
+TABLE_MACHINE_KEYS = ("cpu", "cpu_generation", "cores", "vector_extensions")
+
+
+def table_machine(m: dict | None = None) -> dict:
+    """The ``TABLE_MACHINE_KEYS`` of ``m`` (a record's ``machine``; by default this machine's): a key the record
+    lacks (an older record) is None."""
+    m = machine() if m is None else m
+    return {k: m.get(k) for k in TABLE_MACHINE_KEYS}
+
+
 def machine(cpuinfo: str | None = None) -> dict:
     """What the numbers were measured on: the CPU model, its generation and its vector extensions (from
     ``cpuinfo``, by default /proc/cpuinfo), cores, OS, Python and torch versions."""
