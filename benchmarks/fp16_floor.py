@@ -118,6 +118,8 @@ def _problem(args) -> str | None:
         return f"--clicks {args.clicks}: give 1 or more"
     if args.record is not None and Path(args.record).exists():
         return f"{args.record} exists; name a new file for --record (it is never overwritten)"
+    if args.record is not None and not Path(args.record).parent.is_dir():
+        return f"{args.record}: its folder does not exist; create it or name a file in an existing folder"
     return None
 
 

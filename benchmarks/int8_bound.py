@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -94,8 +95,10 @@ def bound(int8: dict, fp32: dict, goal: float) -> dict:
     }
 
 
-def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None) -> str | None:
+def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None, goal: float) -> str | None:
     """What makes the input unusable, in one line (None: nothing)."""
+    if not math.isfinite(goal) or goal <= 0:
+        return f"--goal {goal}: give a finite speed-up above 0, such as 1.6"
     if len(paths) % 2:
         return f"{len(paths)} profiles; give them in pairs: INT8_PROFILE FP32_PROFILE"
     for path, p in zip(paths, profiles, strict=True):
@@ -109,9 +112,21 @@ def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None
             return f"{paths[i]}, {paths[i + 1]}: not an int8 and an fp32 profile of one target, in that order"
         if not kinds(a)["int8"]:
             return f"{paths[i]}: no int8 product in its encoder's profile; profile the bundle again with this version"
+        if kinds(b)["weight"] <= kinds(a)["weight"]:
+            return (
+                f"{paths[i]}, {paths[i + 1]}: the int8 profile keeps more fp32 products than the fp32 one has; "
+                "give two profiles of one encoder"
+            )
     if record is not None and record.exists():
         return f"{record} exists; name a new file for --record (it is never overwritten)"
+    if record is not None and not record.parent.is_dir():
+        return f"{record}: its folder does not exist; create it or name a file in an existing folder"
     return None
+
+
+def _ms(v: object) -> bool:
+    """Whether ``v`` is a time a profile can hold: a finite number of milliseconds, 0 or more."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _load(path: Path) -> dict | None:
@@ -122,7 +137,9 @@ def _load(path: Path) -> dict | None:
         return None
     encoder = (p.get("runtime") or {}).get("encoder") if isinstance(p, dict) and p.get("kind") == "profile" else None
     types = encoder.get("by_type") if isinstance(encoder, dict) else None
-    ok = isinstance(types, list) and all(isinstance(t, dict) and {"op", "ms"} <= set(t) for t in types)
+    ok = isinstance(types, list) and all(
+        isinstance(t, dict) and isinstance(t.get("op"), str) and _ms(t.get("ms")) for t in types
+    )
     return p if ok and all(isinstance(p.get(k), str) for k in ("target", "precision")) else None
 
 
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", action="append", default=[], help="a note under the table (repeatable)")
     a = ap.parse_args(argv)
     profiles = [_load(p) for p in a.profiles]
-    problem = _problem(a.profiles, profiles, a.record)
+    problem = _problem(a.profiles, profiles, a.record, a.goal)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -465,7 +465,16 @@ def test_int8_bound_splits_the_profiles_by_kind_and_computes_the_ceiling(tmp_pat
         ("order", "not an int8 and an fp32 profile of one target, in that order"),
         ("onnx", "has no operator kinds"),
         ("no-int8", "no int8 product"),
+        ("nan-ms", "not an encoder profile"),
+        ("string-ms", "not an encoder profile"),
+        ("negative-ms", "not an encoder profile"),
+        ("kept-more", "keeps more fp32 products than the fp32 one has"),
+        ("goal-nan", "--goal nan: give a finite speed-up above 0"),
+        ("goal-inf", "--goal inf: give a finite speed-up above 0"),
+        ("goal-zero", "--goal 0.0: give a finite speed-up above 0"),
         ("record-exists", "exists; name a new file for --record"),
+        ("record-is-input", "exists; name a new file for --record"),
+        ("record-no-folder", "its folder does not exist"),
     ],
 )
 def test_int8_bound_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
@@ -475,17 +484,27 @@ def test_int8_bound_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
         q["runtime"]["encoder"]["by_type"][0]["op"] = "FULLY_CONNECTED"
     if case == "no-encoder":  # a profile of a bundle without an encoder graph, such as a decoder-only run
         q["runtime"] = {"decoder": q["runtime"]["encoder"]}
+    bad_ms = {"nan-ms": float("nan"), "string-ms": "3 ms", "negative-ms": -1.0}
+    if case in bad_ms:
+        q["runtime"]["encoder"]["by_type"][0]["ms"] = bad_ms[case]
+    if case == "kept-more":  # the "int8" profile keeps more fp32 products than the fp32 profile holds in all
+        q["runtime"]["encoder"]["by_type"].append({"op": "FULLY_CONNECTED", "ms": 5.0})
     paths = [tmp_path / "q.json", tmp_path / "f.json"]
     paths[0].write_text("not json" if case == "not-a-profile" else json.dumps(q))
     paths[1].write_text(json.dumps(f))
     record = tmp_path / "r.json"
     record.write_text("a user's file")
-    argv = {"odd": paths[:1], "order": paths[::-1]}.get(case, paths)
-    argv = [*map(str, argv), *(["--record", str(record)] if case == "record-exists" else [])]
+    argv = [*map(str, {"odd": paths[:1], "order": paths[::-1]}.get(case, paths))]
+    out = {"record-exists": record, "record-is-input": paths[1], "record-no-folder": tmp_path / "no" / "r.json"}
+    argv += ["--record", str(out[case])] if case in out else []
+    goals = {"goal-nan": "nan", "goal-inf": "inf", "goal-zero": "0"}
+    argv += ["--goal", goals[case]] if case in goals else []
+    fp32_before = paths[1].read_text()
     assert _script("int8_bound").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
-    assert record.read_text() == "a user's file"
+    assert record.read_text() == "a user's file" and paths[1].read_text() == fp32_before
+    assert not (tmp_path / "no").exists()
 
 
 def test_fp16_floor_rounds_where_each_row_says_and_matches_the_emulation(tmp_path, capsys):
@@ -510,7 +529,13 @@ def test_fp16_floor_rounds_where_each_row_says_and_matches_the_emulation(tmp_pat
 
 @pytest.mark.parametrize(
     "case, needle",
-    [("missing", "no such file"), ("clicks", "--clicks 0: give 1 or more"), ("record-exists", "exists; name a new")],
+    [
+        ("missing", "no such file"),
+        ("clicks", "--clicks 0: give 1 or more"),
+        ("record-exists", "exists; name a new"),
+        ("record-is-input", "exists; name a new"),
+        ("record-no-folder", "its folder does not exist"),
+    ],
 )
 def test_fp16_floor_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
     checkpoint, record = tmp_path / "ckpt.pt", tmp_path / "r.json"
@@ -518,8 +543,11 @@ def test_fp16_floor_refuses_unusable_input_in_one_line(tmp_path, capsys, case, n
         checkpoint.write_bytes(b"not read: the arguments are refused first")
     record.write_text("a user's file")
     argv = [str(checkpoint), "--config", "test-small", *(["--clicks", "0"] if case == "clicks" else [])]
-    argv += ["--record", str(record)] if case == "record-exists" else []
+    out = {"record-exists": record, "record-is-input": checkpoint, "record-no-folder": tmp_path / "no" / "r.json"}
+    argv += ["--record", str(out[case])] if case in out else []
     assert _script("fp16_floor").main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("error: "), err
-    assert record.read_text() == "a user's file"
+    assert record.read_text() == "a user's file" and not (tmp_path / "no").exists()
+    if case != "missing":
+        assert checkpoint.read_bytes() == b"not read: the arguments are refused first"
