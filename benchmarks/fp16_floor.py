@@ -28,7 +28,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from sam2edge.config import CONFIGS
+from sam2edge.checks.bench.script import add_checkpoints, at_least, first, missing_files, new_file, parsed, refusing
 
 BARS = (0.99, 0.999)  # the fp16 bars, worst and median mask IoU
 # row -> where the fp32 encoder's tensors are rounded: (its input, its outputs, every part's output)
@@ -111,36 +111,28 @@ def _rows(name: str, sd: dict, cfg, emu, prompts) -> list[dict]:
 
 def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
-    missing = [c for c in args.checkpoints if not Path(c).is_file()]
-    if missing:
-        return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
-    if args.clicks < 1:
-        return f"--clicks {args.clicks}: give 1 or more"
-    if args.record is not None and Path(args.record).exists():
-        return f"{args.record} exists; name a new file for --record (it is never overwritten)"
-    if args.record is not None and not Path(args.record).parent.is_dir():
-        return f"{args.record}: its folder does not exist; create it or name a file in an existing folder"
-    return None
+    return first(
+        missing_files(args.checkpoints, "give SAM 2.1 checkpoints' paths"),
+        at_least("--clicks", args.clicks),
+        new_file(args.record, "--record"),
+    )
 
 
+@refusing
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
+    add_checkpoints(p)
     p.add_argument("--clicks", type=int, default=40)
     p.add_argument("--record", help="also write a table record (docs/benchmarks.md) to this new file")
     p.add_argument("--id", default="fp16-floor")
     p.add_argument("--title", default="What fp16 activations alone cost an fp16 encoder")
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
     import torch
 
     from sam2edge.checks.fidelity import click_set
     from sam2edge.config import get_config
-    from sam2edge.errors import UserError
     from sam2edge.export.precision import EMULATIONS
     from sam2edge.weights import load_weights
 
@@ -150,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = click_set(args.clicks)
     rows = []
     for path in args.checkpoints:
-        try:
-            sd, _ = load_weights(path, cfg)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        sd, _ = load_weights(path, cfg)
         rows += _rows(Path(path).stem, sd, cfg, emu, prompts)
     if args.record:
         import sam2edge

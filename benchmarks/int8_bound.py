@@ -29,6 +29,8 @@ import math
 import sys
 from pathlib import Path
 
+from sam2edge.checks.bench.script import new_file
+
 # target -> (operator type prefix, kind), the first match wins; a type no prefix names is "rest". "int8": a product
 # quantised to int8, "weight": one with a constant operand left fp32 (kept by the export, or not quantisable)
 KINDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -117,11 +119,7 @@ def _problem(paths: list[Path], profiles: list[dict | None], record: Path | None
                 f"{paths[i]}, {paths[i + 1]}: the int8 profile keeps more fp32 products than the fp32 one has; "
                 "give two profiles of one encoder"
             )
-    if record is not None and record.exists():
-        return f"{record} exists; name a new file for --record (it is never overwritten)"
-    if record is not None and not record.parent.is_dir():
-        return f"{record}: its folder does not exist; create it or name a file in an existing folder"
-    return None
+    return new_file(record, "--record")
 
 
 def _ms(v: object) -> bool:

@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from sam2edge.checks.bench.script import missing_files, parsed
+
 OUTPUTS = ("image_embed", "feat_s1", "feat_s0")
 
 
@@ -33,9 +35,7 @@ def _problem(args) -> str | None:
         return f"{card}: not JSON; give an int8 bundle folder written by `sam2edge export`"
     if meta.get("precision") != "int8":
         return f"{args.bundle}: a {meta.get('precision')} bundle; give an int8 one"
-    if not Path(args.checkpoint).is_file():
-        return f"{args.checkpoint}: no such file; give the checkpoint the bundle was exported from"
-    return None
+    return missing_files([args.checkpoint], "give the checkpoint the bundle was exported from")
 
 
 def _distance(a, b, ref) -> float:
@@ -57,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bundle")
     p.add_argument("checkpoint")
     p.add_argument("--photos", nargs="+", default=["chelsea.png", "coffee.png"])
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
     import numpy as np
     import torch

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from sam2edge.config import CONFIGS
+from sam2edge.checks.bench.script import add_checkpoints, at_least, first, missing_files, parsed, refusing
 
 
 class Row(NamedTuple):
@@ -54,14 +54,12 @@ ROWS = (
 
 def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
-    if args.clicks < 1:
-        return f"--clicks {args.clicks}: give 1 or more"
-    if not _rows(args.rows):
-        return f"--rows {args.rows!r}: no row's label holds it; labels: {'; '.join(r.label for r in ROWS)}"
-    missing = [c for c in args.checkpoints if not Path(c).is_file()]
-    if missing:
-        return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
-    return None
+    labels = "; ".join(r.label for r in ROWS)
+    return first(
+        at_least("--clicks", args.clicks),
+        None if _rows(args.rows) else f"--rows {args.rows!r}: no row's label holds it; labels: {labels}",
+        missing_files(args.checkpoints, "give SAM 2.1 checkpoints' paths"),
+    )
 
 
 def _rows(text: str) -> tuple[Row, ...]:
@@ -104,23 +102,20 @@ def measure(sd: dict, cfg, row: Row, reference, prompts) -> dict:
     return end_to_end(Sam2Predictor(reference), test, prompts)
 
 
+@refusing
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
+    add_checkpoints(p)
     p.add_argument("--clicks", type=int, default=40)
     p.add_argument("--rows", default="", help="only the rows whose label holds this text (e.g. LiteRT)")
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
     import torch
 
     from sam2edge.checks.fidelity import click_set
     from sam2edge.checks.fidelity.measure import CachedReference
     from sam2edge.config import get_config
-    from sam2edge.errors import UserError
     from sam2edge.model import UPSTREAM
     from sam2edge.runtime.backends import EagerBackend
     from sam2edge.weights import load_weights
@@ -130,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| checkpoint | int8 form | worst | median | lowest clicks (IoU, reference mask px, logits near 0) |")
     print("|---|---|---|---|---|")
     for path in args.checkpoints:
-        try:
-            sd, _ = load_weights(path, cfg)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        sd, _ = load_weights(path, cfg)
         reference = CachedReference(EagerBackend.from_state_dict(sd, cfg, UPSTREAM))
         weights: dict[tuple[str, bool], dict] = {}  # (smoothing, gptq) -> the state dict rows with both quantise
         for row in _rows(args.rows):

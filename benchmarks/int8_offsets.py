@@ -16,30 +16,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from sam2edge.config import CONFIGS
+from sam2edge.checks.bench.script import add_checkpoints, missing_files, parsed, refusing
 
 
 def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
-    missing = [c for c in args.checkpoints if not Path(c).is_file()]
-    if missing:
-        return f"{missing[0]}: no such file; give SAM 2.1 checkpoints' paths"
-    return None
+    return missing_files(args.checkpoints, "give SAM 2.1 checkpoints' paths")
 
 
+@refusing
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    add_checkpoints(p)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
     import torch
 
     from sam2edge.config import get_config
-    from sam2edge.errors import UserError
     from sam2edge.export.smooth import (
         HIDDEN,
         SHIFT_GAIN,
@@ -57,11 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| checkpoint | centring gain of each block's MLP hidden activations | shifted (gain >= {SHIFT_GAIN}) |")
     print("|---|---|---|")
     for path in args.checkpoints:
-        try:
-            sd, _ = load_weights(path, cfg)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        sd, _ = load_weights(path, cfg)
         model = build_sam2(cfg, Rewrites())
         model.load_state_dict(sd)
         ranges = calibrate(model.eval(), cfg)

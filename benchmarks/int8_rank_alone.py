@@ -15,22 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
+from sam2edge.checks.bench.script import at_least, first, missing_files, new_file, parsed
 from sam2edge.config import CONFIGS
 
 
 def _problem(args) -> str | None:
     """What makes the arguments unusable, in one line (None: nothing)."""
-    if args.out and Path(args.out).exists():
-        return f"{args.out} exists; name a new file for --out (it is never overwritten)"
-    if args.rank_clicks < 1:
-        return f"--rank-clicks {args.rank_clicks}: give 1 or more"
-    if not Path(args.checkpoint).is_file():
-        return f"{args.checkpoint}: no such file; give a SAM 2.1 checkpoint's path"
-    return None
+    return first(
+        new_file(args.out, "--out"),
+        at_least("--rank-clicks", args.rank_clicks),
+        missing_files([args.checkpoint], "give a SAM 2.1 checkpoint's path"),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="sam2.1-hiera-tiny", choices=sorted(CONFIGS))
     p.add_argument("--rank-clicks", type=int, default=10)
     p.add_argument("--out", help="write the ranking and the prefixes' IoUs here (JSON)")
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
 
     from sam2edge.errors import UserError

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from sam2edge.checks.bench.script import at_least, first, missing_files, new_file, parsed
+
 ENCODER = "encoder.tflite"
 # row -> ai-edge-quantizer ops with static int8 activations (None: litert-torch's dynamic recipe)
 ROWS: dict[str, tuple[str, ...] | None] = {
@@ -48,13 +50,12 @@ def _problem(args) -> str | None:
     c = json.loads(card.read_text())
     if c.get("target") != "litert" or c.get("precision") != "fp32":
         return f"{args.bundle} is a {c.get('target')} {c.get('precision')} bundle; give a LiteRT fp32 one"
-    if not Path(args.checkpoint).is_file():
-        return f"{args.checkpoint}: no such file; give the checkpoint the bundle was exported from"
-    if args.runs < 1 or args.clicks < 1:
-        return "--runs and --clicks must be 1 or more"
-    if args.record and Path(args.record).exists():
-        return f"{args.record} exists; choose another --record"
-    return None
+    return first(
+        missing_files([args.checkpoint], "give the checkpoint the bundle was exported from"),
+        at_least("--runs", args.runs),
+        at_least("--clicks", args.clicks),
+        new_file(args.record, "--record"),
+    )
 
 
 def static_recipe(ops: tuple[str, ...]):
@@ -209,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=4, help="interleaved timing rounds")
     p.add_argument("--clicks", type=int, default=40, help="end-to-end prompts per row")
     p.add_argument("--record", help="write the sam2edge.table/1 record here (never over a file)")
-    args = p.parse_args(argv)
-    problem = _problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    args = parsed(p, argv, _problem)
+    if args is None:
         return 2
     import torch
 

@@ -391,8 +391,8 @@ def test_onnx_vnni_encoder_gets_its_own_row_and_the_check_the_bench_ran(tmp_path
         ("no-card", "no card.json; give a LiteRT fp32 bundle"),
         ("int8-bundle", "is a litert int8 bundle; give a LiteRT fp32 one"),
         ("no-checkpoint", "no such file; give the checkpoint the bundle was exported from"),
-        ("runs", "--runs and --clicks must be 1 or more"),
-        ("record-exists", "exists; choose another --record"),
+        ("runs", "--runs 0: give 1 or more"),
+        ("record-exists", "exists; name a new file for --record"),
     ],
 )
 def test_litert_static_refuses_unusable_input_in_one_line(tmp_path, capsys, case, needle):
