@@ -72,7 +72,8 @@ def _row(card: dict, name: str) -> dict:
     return {
         "checkpoint": name,
         "target": card["target"],
-        "precision": card["precision"],
+        # ExecuTorch fp16 that fell back from fp16 arithmetic (export.mixed.fp16_keep) says so
+        "precision": card["precision"] + (", fp16 weights, fp32 arithmetic" if (mixed or {}).get("arithmetic") else ""),
         "worst": round(e2e["iou_worst"], 5),
         "median": round(e2e["iou_median"], 5),
         "ships": "yes" if card["status"] == "shippable" else "no (refused)",

@@ -38,7 +38,8 @@ def precision_section(card: dict, fid: dict) -> list[str]:
             *_table(["Metric", "Measured", "Bar", "Verdict"], rows),
             "",
         ]
-        if precision == "fp16" and card.get("target") == "executorch":
+        mixed = (card.get("extra") or {}).get("mixed_precision") or {}
+        if precision == "fp16" and card.get("target") == "executorch" and mixed.get("arithmetic") != "fp32":
             lines += [FP16_ARITHMETIC_NOTE, ""]
         unheld = unheld_note((card.get("extra") or {}).get("mixed_precision"))
         if unheld and fid.get("passed"):

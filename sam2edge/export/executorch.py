@@ -14,8 +14,10 @@ Precisions (I/O fp32 for all):
         erf-free form), the encoder parts a measured selection keeps fp32 (``export.mixed.fp16_keep``, on the
         eager emulation ``export.precision.fp16_arithmetic``; all-fp16 missed the median bar for an ordinary
         checkpoint); convolutions' weights stay fp32 as XNNPACK serializes them; the decoder stays fp32
-        (``export.kept.FP32_KEPT``). (fp16 storage with fp32 compute, as LiteRT's recipe, cannot lower here:
-        XNNPACK converts no dtypes at this version, and folding the casts stores fp32 weights);
+        (``export.kept.FP32_KEPT``). Where no selection meets the fp16 bars in fp16 arithmetic (a checkpoint
+        with outlier channels), fp16 storage with fp32 arithmetic instead, LiteRT's and ONNX's recipe: the
+        Linear weights written fp16 (``executorch_storage.fp16_linear_storage``), the parts a second measured
+        selection keeps (``export.precision.STORAGE_FALLBACK``) fp32;
   int8  dynamic int8 (per-channel symmetric weights, per-token activations) on every Linear of the
         encoder via the XNNPACK quantizer (torchao pt2e); the decoder stays fp32 (4.2 M parameters; its
         int8 lowering fails in XNNPACK's ChannelsLastTaggedReshapePass on the mask-input LayerNorm2d).
@@ -50,7 +52,14 @@ from sam2edge.export.executorch_graphs import (
     given_decoder_inputs,
 )
 from sam2edge.export.executorch_lower import lower
-from sam2edge.export.mixed import fp16_keep, int8_keep
+from sam2edge.export.executorch_storage import (  # noqa: F401 (CONV_STORED_BYTES: the size rule's, re-exported)
+    CONV_STORED_BYTES,
+    fp16_linear_storage,
+    linear_weights,
+    parameter_bytes,
+    program_tensor_bytes,
+)
+from sam2edge.export.mixed import fp16_keep, fp16_storage_only, int8_keep
 from sam2edge.export.pipeline import TargetSpec, run_export
 from sam2edge.model import Rewrites, Sam2ImageModel, build_sam2
 from sam2edge.runtime.backends.executorch import (
@@ -87,8 +96,6 @@ ACCURACY_BAR = BARS["int8"]["min_iou_worst"]  # int8's worst end-to-end mask IoU
 FIDELITY_CLICKS = MIN_CLICKS
 SIZE_RATIO_MAX = 1.05  # file bytes / parameter bytes at that precision ...
 GRAPH_BYTES_PER_OP = 256  # ... plus the serialized graph description (~170 B per operator measured at test-small)
-DECODER_PARTS = ("sam_prompt_encoder.", "sam_mask_decoder.")
-ENCODER_ONLY = ("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")
 
 
 def build_model(sd: dict, cfg: Sam2Config, precision: str) -> Sam2ImageModel:
@@ -126,65 +133,23 @@ def _quantize_int8(module: torch.nn.Module, args: tuple, keep: tuple[str, ...] =
         return convert_pt2e(prepared)
 
 
-def lower_program(module: torch.nn.Module, args: tuple, precision: str, role: str, keep: tuple[str, ...] = ()):
+def lower_program(
+    module: torch.nn.Module,
+    args: tuple,
+    precision: str,
+    role: str,
+    keep: tuple[str, ...] = (),
+    stored_fp16: frozenset[str] = frozenset(),
+):
     """-> (ExecutorchProgramManager, Census) for one graph at one precision (int8: the encoder only, the
-    Linear layers of ``keep`` left fp32)."""
+    Linear layers of ``keep`` left fp32; ``stored_fp16``: the Linear weights written fp16 beside fp32
+    arithmetic, ``executorch_storage.fp16_linear_storage``)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     if precision == "int8" and role == "encoder":
         module = _quantize_int8(module, args, keep)
-    return lower(module, args, [XnnpackPartitioner()])
-
-
-def parameter_bytes(model: Sam2ImageModel, precision: str, kept: tuple[str, ...] = ()) -> dict[str, int]:
-    """Bytes of the parameters each program holds, at ``precision``.
-
-    int8: encoder Linear weights 1 byte each + one fp32 scale per output channel; everything else fp32.
-    fp16: encoder parameters 2 bytes each, decoder parameters 4 (the decoder program is fp32), except
-    convolution weights and biases: ``CONV_STORED_BYTES``. ``kept``: parts kept fp32 (``export.mixed``), 4 bytes.
-    """
-    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    conv = {f"{n}.{k}" for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d) for k in ("weight", "bias")}
-    out = {"encoder": 0, "decoder": 0}
-    for name, p in model.named_parameters():
-        part = "decoder" if name.startswith(DECODER_PARTS) and not name.startswith(ENCODER_ONLY) else "encoder"
-        fp32_part = any(name == k or name.startswith(k + ".") for k in kept)
-        if precision == "int8" and name in linear and not name.startswith(DECODER_PARTS) and not fp32_part:
-            size = p.numel() + 4 * p.shape[0]
-        else:  # fp16: the encoder's parameters only (decoder.pte is fp32), convolutions' kept fp32
-            half = precision == "fp16" and part == "encoder" and name not in conv and not fp32_part
-            size = p.numel() * (2 if half else CONV_STORED_BYTES if name in conv else 4)
-        out[part] += size
-    return out
-
-
-# ExecuTorch's XNNPACK backend serializes every convolution's weight and bias as fp32, in fp16 programs too
-# (backends/xnnpack/operators/op_conv2d.py: define_tensor(..., force_fp32=True)); XNNPACK converts them when
-# it packs the fp16 operator. Measured in the test-small fp16 memory encoder: each of its 13 conv tensors is
-# stored fp32 beside fp16 Linears (the 256x64x3x3 downsampler weight alone is 589,824 bytes).
-CONV_STORED_BYTES = 4  # per element of a convolution's weight or bias, at every precision but int8's
-
-
-def program_tensor_bytes(module: torch.nn.Module, args: tuple) -> int:
-    """Bytes of the parameters, buffers and constants the graph of ``module`` on ``args`` uses (``torch.export``
-    lifts every tensor of the module; only placeholders with users reach the program), as XNNPACK stores
-    them: at their dtype, a convolution's weight and bias at fp32 (``CONV_STORED_BYTES``)."""
-    with torch.no_grad():
-        ep = torch.export.export(module, args, strict=False)
-    sig, stored = ep.graph_signature, {**ep.state_dict, **ep.constants}
-    lifted = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
-    convs = [
-        n for n in ep.graph.nodes if n.target in (torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default)
-    ]
-    conv_in = {a.name for n in convs for a in n.args[1:3] if isinstance(a, torch.fx.Node)}
-    used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
-    total = 0
-    for p, t in lifted.items():
-        tensor = stored.get(t)
-        if p in used and isinstance(tensor, torch.Tensor):
-            conv = p in conv_in and tensor.is_floating_point()
-            total += tensor.numel() * (CONV_STORED_BYTES if conv else tensor.element_size())
-    return total
+    with fp16_linear_storage(stored_fp16):
+        return lower(module, args, [XnnpackPartitioner()])
 
 
 # operator left outside XNNPACK in a video program or the batched decoder -> why (card.json
@@ -245,8 +210,20 @@ def decoder_model(job) -> Sam2ImageModel:
 
 
 def _encoder_graph(job) -> torch.nn.Module:
+    """The encoder graph; fp16: in fp16 arithmetic with the measured parts kept fp32, or, where no selection
+    met the bars that way, in fp32 arithmetic (its Linear weights stored fp16 by ``_convert``)."""
     graph = XnnEncoderGraph(job.model)
-    return fp16_encoder(graph, fp16_keep(job, "executorch")) if job.precision == "fp16" else graph
+    if job.precision != "fp16":
+        return graph
+    keep = fp16_keep(job, "executorch")
+    return graph if fp16_storage_only(job) else fp16_encoder(graph, keep)
+
+
+def _video_form(job):
+    """How each video graph is built: fp16 arithmetic for an fp16 bundle, fp32 (Linear weights stored fp16)
+    where the encoder's fp16 arithmetic could not meet the bars."""
+    half = vid.half_if_fp16(job)
+    return (lambda module, role: module) if fp16_storage_only(job) else half
 
 
 def _graphs(job) -> dict:
@@ -283,14 +260,18 @@ def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
     """Lower one program and measure it against its size limit (kept in job.state for the size check)."""
     role = file.split(".")[0]
     keep = int8_keep(job, "executorch") if job.precision == "int8" and role == "encoder" else ()
-    prog, counts = lower_program(module, args, job.precision, role, keep)
+    kept = tuple(job.state.get("mixed_precision", {}).get("kept_fp32", ()))
+    storage = job.precision == "fp16" and fp16_storage_only(job)
+    # fp16 storage: every program but the decoders (fp32, FP32_KEPT) writes its Linear weights fp16
+    stored = linear_weights(module, kept if role == "encoder" else ()) if storage else frozenset()
+    stored = frozenset() if role.startswith("decoder") else stored
+    prog, counts = lower_program(module, args, job.precision, role, keep, stored)
     (job.folder / file).write_bytes(prog.buffer)
     del prog
-    kept = tuple(job.state.get("mixed_precision", {}).get("kept_fp32", ()))
-    params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision, kept)
+    params = job.state.setdefault("params", None) or parameter_bytes(job.model, job.precision, kept, storage)
     job.state["params"] = params
     if role not in params:  # a video graph: the tensors its exported program holds, at their dtype
-        params[role] = program_tensor_bytes(module, args)
+        params[role] = program_tensor_bytes(module, args, stored)
     job.state.setdefault("census", {})[file] = counts.as_dict()
     size = (job.folder / file).stat().st_size
     limit = int(SIZE_RATIO_MAX * params[role] + GRAPH_BYTES_PER_OP * counts.total_ops)
@@ -395,5 +376,5 @@ SPEC = TargetSpec(
         "batched_decoder": lambda job: bat.check_batched(job, _backend(job)),
         "contract_decoder": contract_decoder_fidelity,
     },
-    video=lambda job: vid.entries(job, vid.half_if_fp16(job), named=False),
+    video=lambda job: vid.entries(job, _video_form(job), named=False),
 )

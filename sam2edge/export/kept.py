@@ -98,6 +98,21 @@ FP32_KEPT: dict[str, dict[str, dict[str, str]]] = {
 }
 
 
+# ExecuTorch fp16 where no measured selection met the fp16 bars in fp16 arithmetic: fp16 storage, fp32 arithmetic
+# (export.mixed.fp16_keep's fallback); replaces FP32_KEPT["executorch"]["fp16"]
+EXECUTORCH_FP16_STORAGE: dict[str, str] = {
+    "decoder.pte, decoder_cpu.pte + decoder_prep.pte and decoder_batched.pte (prompt encoder + mask decoder)": (
+        _DECODER_FP16
+    ),
+    "all arithmetic (fp16 Linear weights only)": "fp16 arithmetic missed the fp16 bars for these weights with "
+    "every measured choice of parts kept fp32 (extra.mixed_precision.fp16_arithmetic); XNNPACK's fully-connected "
+    "operator converts fp16 weights to fp32 when it packs them (export.executorch_storage)",
+    "encoder weights other than the Linears' (convolutions, norms, biases, position embeddings)": "XNNPACK takes an "
+    "fp16 static weight beside fp32 activations in its fully-connected operator only",
+    _MEASURED_PARTS: _MEASURED_WHY,
+}
+
+
 # int8 --video, every target (docs/design/precision.md)
 _VIDEO_INT8 = (
     "the memory attention's time is in its activation x activation products (scores and P @ v over 28736 keys), "
@@ -110,7 +125,8 @@ VIDEO_FP32_KEPT: dict[str, dict[str, str]] = {
 }
 
 
-def fp32_kept(target: str, precision: str, video: bool = False) -> dict[str, str]:
+def fp32_kept(target: str, precision: str, video: bool = False, storage: bool = False) -> dict[str, str]:
     """{part kept in fp32: why} for an export of ``target`` at ``precision`` (``video``: with ``--video``;
-    empty: none recorded)."""
-    return {**FP32_KEPT.get(target, {}).get(precision, {}), **(VIDEO_FP32_KEPT.get(precision, {}) if video else {})}
+    ``storage``: ExecuTorch's fp16 fell back to fp16 storage with fp32 arithmetic; empty: none recorded)."""
+    base = EXECUTORCH_FP16_STORAGE if storage else FP32_KEPT.get(target, {}).get(precision, {})
+    return {**base, **(VIDEO_FP32_KEPT.get(precision, {}) if video else {})}

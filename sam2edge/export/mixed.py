@@ -186,17 +186,26 @@ def widened(sel: dict, worst: float, median: float) -> dict | None:
     """The selection ``sel`` (``Selection.as_dict``) with more of its ranking kept fp32, after the bundle built
     with its ``kept_fp32`` missed an end-to-end bar in its own check (``worst`` / ``median``): the emulation is
     not the runtime, so the runtime's measurement decides. The kept prefix doubles (at least one more part);
-    ``bundle_checks`` records each missed measurement. None where the emulation missed too, or nothing more can
-    be kept: no ranking (the all-reduced model met the bars in the emulation), the selection's ``max_kept`` (or
-    every ranked part) kept already, or ``MAX_WIDENINGS`` spent."""
+    ``bundle_checks`` records each missed measurement. Where nothing more can be kept - no ranking (the
+    all-reduced model met the bars in the emulation), the selection's ``max_kept`` (or every ranked part) kept
+    already, or ``MAX_WIDENINGS`` spent - an fp16-arithmetic selection with a storage recipe
+    (``storage_fallback``) gives way to that recipe, measured afresh (``fp16_keep``); otherwise None, as where
+    the emulation missed too."""
     ranking = [r["part"] for r in sel.get("ranking", [])]
     kept = list(sel["kept_fp32"])
     spent = sel.get("bundle_checks", [])
     top = min(len(ranking), sel.get("max_kept", len(ranking)))  # the selection's own limit
-    if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= top or ranking[: len(kept)] != kept:
-        return None
-    k = min(top, max(2 * len(kept), len(kept) + 1))
     missed = {"kept": len(kept), "iou_worst": float(worst), "iou_median": float(median)}
+    if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= top or ranking[: len(kept)] != kept:
+        if not sel.get("storage_fallback"):
+            return None
+        first = {k: sel[k] for k in ("kept_fp32", "iou_worst", "iou_median", "holds")}
+        return {
+            "kept_fp32": [],
+            "pending": "fp16 storage",
+            "fp16_arithmetic": {**first, "bundle_checks": [*spent, missed]},
+        }
+    k = min(top, max(2 * len(kept), len(kept) + 1))
     return {**sel, "kept_fp32": ranking[:k], "bundle_checks": [*spent, missed]}
 
 
@@ -223,17 +232,42 @@ class _with_progress:
 def fp16_keep(job, target: str) -> tuple[str, ...]:
     """The encoder parts an fp16 export (``job``: ``export.pipeline.Job``) keeps fp32, chosen by measurement
     (``export.precision.select_fp16`` on the job's model and eager reference with ``target``'s fp16 emulation,
-    at the job's fp16 bars); recorded in ``job.state["mixed_precision"]`` (card.json ``extra.mixed_precision``)."""
+    at the job's fp16 bars); recorded in ``job.state["mixed_precision"]`` (card.json ``extra.mixed_precision``).
+    Where that selection misses the bars and ``target`` has a storage recipe
+    (``export.precision.STORAGE_FALLBACK``: fp16 weights, fp32 arithmetic), a second selection measures that
+    recipe, and the record says so: ``arithmetic`` "fp32", ``fp16_arithmetic`` the first selection's outcome
+    (``fp16_storage_only``). The same happens where the first selection held but its bundles missed the bars
+    with every part ``widened`` could keep (its record then ``pending``)."""
     from sam2edge.checks.fidelity.bars import bars_for
-    from sam2edge.export.precision import select_fp16
+    from sam2edge.export.precision import STORAGE_FALLBACK, select_fp16
     from sam2edge.progress import stage
 
-    if "mixed_precision" not in job.state:
-        stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
+    record = job.state.get("mixed_precision")
+    if record is None or record.get("pending"):
         bars = bars_for("fp16", job.bars)
-        sel = select_fp16(job.model, job.cfg, job.reference(), bars, clicks=job.clicks, target=target)
-        job.state["mixed_precision"] = sel.as_dict()
+        if record is None:
+            stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
+            sel = select_fp16(job.model, job.cfg, job.reference(), bars, clicks=job.clicks, target=target)
+            record = {**sel.as_dict(), **({"storage_fallback": True} if target in STORAGE_FALLBACK else {})}
+            first = {k: record[k] for k in ("kept_fp32", "iou_worst", "iou_median", "holds")}
+        else:  # its bundle missed the bars with every part ``widened`` could keep (``bundle_checks``)
+            first = record["fp16_arithmetic"]
+        if not first["holds"] and target in STORAGE_FALLBACK or record.get("pending"):
+            stage(
+                f"fp16: fp16 arithmetic missed the bars with {len(first['kept_fp32'])} parts kept fp32; measuring "
+                "fp16 weights with fp32 arithmetic instead"
+            )
+            store = select_fp16(
+                job.model, job.cfg, job.reference(), bars, clicks=job.clicks, emulation=STORAGE_FALLBACK[target]
+            )
+            record = {**store.as_dict(), "arithmetic": "fp32", "fp16_arithmetic": first}
+        job.state["mixed_precision"] = record
     return tuple(job.state["mixed_precision"]["kept_fp32"])
+
+
+def fp16_storage_only(job) -> bool:
+    """Whether the job's fp16 bundle computes in fp32 on fp16-stored weights (``fp16_keep``'s fallback)."""
+    return job.state.get("mixed_precision", {}).get("arithmetic") == "fp32"
 
 
 def int8_keep(job, target: str) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ from sam2edge.config import Sam2Config, Sam2VideoConfig, get_config, get_video_c
 from sam2edge.errors import UserError
 from sam2edge.export import video as vid
 from sam2edge.export.kept import fp32_kept
-from sam2edge.export.mixed import unheld_note, widened
+from sam2edge.export.mixed import fp16_storage_only, unheld_note, widened
 from sam2edge.export.provenance import shared_provenance
 from sam2edge.export.smooth import CARD_NOTE as SMOOTHING_NOTE
 from sam2edge.export.smooth import ROUNDING_NOTE, export_weights, prepared_weights
@@ -252,10 +252,12 @@ def _build_and_measure(spec: TargetSpec, job: Job, stages: Stages, bars: dict | 
             if unheld:
                 stage(f"{job.precision}: the bundle passed its check, but {unheld}")
             return fidelity
-        stage(
-            f"{job.precision}: the bundle missed a bar its emulation met ({missed[0]}); converting again with "
-            f"{len(more['kept_fp32'])} layers kept fp32"
+        again = (
+            "in fp32 arithmetic on fp16 weights"
+            if more.get("pending")
+            else f"with {len(more['kept_fp32'])} layers kept fp32"
         )
+        stage(f"{job.precision}: the bundle missed a bar its emulation met ({missed[0]}); converting again {again}")
         job.state = {**start, "mixed_precision": more}
         job.files, job.checks, job.lint = {}, {}, {}
         job.measured.pop("encodes", None)  # the encoder changes; the reference's outputs stay
@@ -303,11 +305,19 @@ def mixed_note(sel: dict | None) -> str:
         f"; the bundle with {c['kept']} kept missed (worst {c['iou_worst']:.4f}, median {c['iou_median']:.4f})"
         for c in sel.get("bundle_checks", [])
     )
+    first = sel.get("fp16_arithmetic")  # ExecuTorch's fallback: fp16 storage after fp16 arithmetic missed
+    storage = (
+        f"fp16 arithmetic with {len(first['kept_fp32'])} parts kept fp32 missed the bars in the eager emulation "
+        f"(worst {first['iou_worst']:.4f}, median {first['iou_median']:.4f}), so fp16 weights with fp32 "
+        "arithmetic: "
+        if first
+        else ""
+    )
     if missed:
         chosen = sel["bundle_checks"][0]["kept"]  # the emulation's choice: the first bundle's kept layers
-        return f"the eager emulation met the bars with {chosen} layers kept ({emulated}){missed}; "
+        return f"{storage}the eager emulation met the bars with {chosen} layers kept ({emulated}){missed}; "
     return (
-        f"keeping {kept} in fp32 {verdict} in the eager emulation ({emulated})"
+        f"{storage}keeping {kept} in fp32 {verdict} in the eager emulation ({emulated})"
         + (f"; the most sensitive parts: {ranked}" if ranked else "")
         + "; "
     )
@@ -316,7 +326,7 @@ def mixed_note(sel: dict | None) -> str:
 def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
     """The card's ``extra``: the target's facts, the video graphs, what stays fp32 and why, the measured
     mixed-precision choice."""
-    kept = fp32_kept(target, job.precision, video)
+    kept = fp32_kept(target, job.precision, video, job.precision == "fp16" and fp16_storage_only(job))
     return {
         **spec.extra(job),
         **({"video": vid.extra(job)} if video else {}),

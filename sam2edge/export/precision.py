@@ -9,7 +9,9 @@ graphs, prompt tokens in fp32), built with the target's own ``Rewrites``:
               function ``executorch_graphs.fp16_encoder`` exports). Eager fp16 on the CPU underestimates
               XNNPACK's fp16 error (``benchmarks/executorch_fp16_error.py``, docs/design/precision.md), so the
               export's own check on the real program decides; the decoder graph fp32 (decoder.pte is fp32 in
-              an fp16 bundle, ``FP32_KEPT``);
+              an fp16 bundle, ``FP32_KEPT``). Where no selection holds in that arithmetic, the export falls
+              back to ``STORAGE_FALLBACK["executorch"]``: fp32 arithmetic on fp16-rounded Linear weights
+              (``fp16_linear_weights``, what ``executorch_storage.fp16_linear_storage`` writes);
   onnx        fp32 arithmetic on fp16-rounded encoder weights, with ONNX's rewrites (native
               LayerNormalization): ``export.onnx_fp16.fp16_storage`` stores the encoder's initializers as fp16
               behind Casts to fp32; fp32 decoder.onnx;
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -66,6 +68,20 @@ def fp16_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2Image
     return out
 
 
+def fp16_linear_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
+    """fp32 arithmetic on Linear weights rounded to fp16, everything else fp32 (ExecuTorch's fp16 storage,
+    ``executorch_storage.fp16_linear_storage``), the Linears under ``keep`` (module names) left fp32."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, m in out.named_modules():
+            if isinstance(m, torch.nn.Linear) and not in_parts(name, keep):
+                m.weight.copy_(m.weight.half().float())
+    for m in out.modules():  # re-bake constants derived from the rounded weights (Hiera's split q / k / v)
+        if hasattr(m, "refresh_constants"):
+            m.refresh_constants()
+    return out
+
+
 @dataclass(frozen=True)
 class Emulation:
     rewrites: Rewrites  # the target's model build
@@ -85,6 +101,17 @@ EMULATIONS: dict[str, Emulation] = {
     ),
     "onnx": Emulation(ONNX_REWRITES, fp16_weights, "fp16 encoder weights, fp32 activations and decoder", True),
     "litert": Emulation(Rewrites(), fp16_weights, "fp16 encoder weights, fp32 activations and decoder", True),
+}
+
+# target -> the fp16 recipe its export falls back to where no selection meets the fp16 bars in its fp16
+# arithmetic: fp16 storage with fp32 arithmetic (what LiteRT's and ONNX's fp16 bundles are), measured by a
+# selection of its own (``export.mixed.fp16_keep``)
+STORAGE_FALLBACK: dict[str, Emulation] = {
+    "executorch": replace(
+        EMULATIONS["executorch"],
+        reduce=fp16_linear_weights,
+        arithmetic="fp16 encoder Linear weights, fp32 arithmetic and decoder",
+    ),
 }
 
 # Not kept in fp32 but rewritten (every target): LayerNorm statistics as ``Rewrites.layer_norm="scaled"``,
@@ -337,13 +364,15 @@ def select_fp16(
     clicks: int = 40,
     max_kept: int = 8,
     target: str = "litert",
+    emulation: Emulation | None = None,
 ):
     """Which encoder parts (``fp16_parts``) an fp16 export for ``target`` keeps fp32 for ``model``'s weights,
     chosen by measurement (``export.mixed.select``): ranked by ``rank_fp16`` on calibration photos outside the
     click set, then the fewest kept until the target's emulation (``EMULATIONS[target].reduce``: fp16-rounded
     weights with fp32 arithmetic, or ExecuTorch's fp16 arithmetic) of the other parts, with an fp32 decoder,
     meets ``bars`` end to end vs ``reference`` (the export's eager fp32 backend with upstream's operations)
-    over ``click_set(clicks)``. Returns an ``export.mixed.Selection``."""
+    over ``click_set(clicks)``; ``emulation`` replaces the target's (``STORAGE_FALLBACK``). Returns an
+    ``export.mixed.Selection``."""
     import numpy as np
 
     from sam2edge.checks.fidelity import click_set
@@ -353,7 +382,7 @@ def select_fp16(
 
     prompts = click_set(clicks)
     ref = Sam2Predictor(reference)
-    emu = EMULATIONS[target]
+    emu = emulation or EMULATIONS[target]
     parts = fp16_parts(model, emu.whole_modules)
 
     def measure(kept: tuple[str, ...]) -> tuple[float, float]:

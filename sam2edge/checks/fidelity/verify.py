@@ -81,12 +81,19 @@ def verify_bundle(
     card = load_card(folder)
     cfg = bundle_config(card)
     stage(f"verify {folder} ({card['target']} {card['precision']} {card['resolution']}px) against eager fp32")
-    sd, prov = reference_weights(card, cfg, checkpoint)
+    video = isinstance(card.get("extra", {}).get("video"), dict)
+    if video and video_weights is None:  # the image model is part of the video model's weights (synthetic too)
+        from sam2edge.weights.load import expected_shapes
+
+        video_weights, prov = _video_reference(card, cfg, checkpoint)
+        sd = {k: video_weights[k] for k in expected_shapes(cfg)}
+    else:
+        sd, prov = reference_weights(card, cfg, checkpoint)
     ref = EagerBackend.from_state_dict(sd, cfg)
     test = test_backend or open_backend(folder, card)
     report = measure_backend(ref, test, card["precision"], clicks=clicks, bars=bars, provenance=(prov, card))
-    if isinstance(card.get("extra", {}).get("video"), dict):
-        report["video"] = _verify_video(folder, card, cfg, checkpoint, video_weights, bars)
+    if video:
+        report["video"] = _verify_video(folder, card, cfg, video_weights, bars)
         report["failures"] = report["failures"] + report["video"]["failures"]
         report["passed"] = not report["failures"]
     return {
@@ -108,18 +115,24 @@ def record_report(folder: str | Path, report: dict, command: str) -> dict:
     return record_fidelity(Path(folder), ("verify",), dict(report, command=command), "verify")
 
 
-def _verify_video(folder: Path, card: dict, cfg: Sam2Config, checkpoint, sd: dict | None, bars) -> dict:
-    """The clip measurement of a ``--video`` bundle against eager fp32 (upstream's operations)."""
+def _video_reference(card: dict, cfg: Sam2Config, checkpoint) -> tuple[dict, dict]:
+    """The whole video model's reference weights of a ``--video`` bundle, and their provenance."""
+    from sam2edge.config import get_video_config
+    from sam2edge.weights.video import load_video_weights
+
+    vcfg = get_video_config(card["config"], cfg.image_size)
+    return reference_weights(card, cfg, checkpoint, lambda spec, c: load_video_weights(spec, c, vcfg))
+
+
+def _verify_video(folder: Path, card: dict, cfg: Sam2Config, sd: dict, bars) -> dict:
+    """The clip measurement of a ``--video`` bundle against eager fp32 (upstream's operations) on ``sd``."""
     from sam2edge.checks.fidelity.video import measure_video
     from sam2edge.config import get_video_config
     from sam2edge.model import UPSTREAM
     from sam2edge.runtime.video.backend import EagerVideoBackend
     from sam2edge.runtime.video.bundle import open_video_bundle
-    from sam2edge.weights.video import load_video_weights
 
     vcfg = get_video_config(card["config"], cfg.image_size)
-    if sd is None:
-        sd, _ = reference_weights(card, cfg, checkpoint, lambda spec, c: load_video_weights(spec, c, vcfg))
     stage("verify: tracking a two-object clip (correction, reverse) against eager fp32")
     test, _ = open_video_bundle(folder)
     return measure_video(EagerVideoBackend.from_state_dict(sd, cfg, vcfg, UPSTREAM), test, card["precision"], bars=bars)
