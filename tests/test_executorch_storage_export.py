@@ -1,7 +1,9 @@
-"""ExecuTorch fp16 exports that fall back to fp16 weights with fp32 arithmetic (``export.mixed.fp16_keep``):
-where fp16 arithmetic cannot be held within the selection's budget, where its bundle misses after the export
-kept all it could, and a ``--video`` EdgeTAM bundle, whose every program but the decoders is lowered that way
-(``export.executorch_storage``); each ships, its card saying which arithmetic, and ``verify`` agrees.
+"""ExecuTorch fp16 that falls back to fp16 weights with fp32 arithmetic (``export.mixed.fp16_keep``): the
+decision where fp16 arithmetic cannot be held within the selection's budget (the full-size export of
+upstream-s4-outliers takes that route, record ``precision-robustness-et-fp16-storage-zen5-1024``); the export
+where its fp16-arithmetic bundle misses after the export kept all it could; a ``--video`` EdgeTAM bundle, whose
+every program but the decoders is lowered that way (``export.executorch_storage``). Each ships, its card saying
+which arithmetic, and ``verify`` agrees.
 """
 
 from __future__ import annotations
@@ -17,33 +19,37 @@ from sam2edge.config import TEST_SMALL  # noqa: E402
 FAST = {"clicks": 8, "options": {"batch": 0}}
 
 
-def test_export_falls_back_to_fp16_storage_where_fp16_arithmetic_cannot_hold(tmp_path, monkeypatch):
-    """A checkpoint with one fp16-fragile block (its values in fp16's subnormal range) whose fp16 arithmetic may
-    keep nothing fp32 (the selection's budget set to 0): the export measures fp16 weights with fp32 arithmetic
-    instead, keeps the fragile block's weights fp32, and ships; the card records both selections."""
+def test_fp16_keep_measures_fp16_storage_where_fp16_arithmetic_cannot_hold(monkeypatch):
+    """The decision (``fp16_keep``): a target with a storage recipe whose fp16-arithmetic selection does not hold
+    gets a second selection with that recipe's emulation, recorded as fp32 arithmetic with the first outcome; one
+    that holds keeps fp16 arithmetic (and may still fall back, ``storage_fallback``); a target without a storage
+    recipe keeps its selection as it is."""
+    from types import SimpleNamespace
+
     from sam2edge.export import precision
-    from sam2edge.export.pipeline import run_export
-    from tests.test_mixed_precision import FRAGILE, SOURCE, fp16_fragile
+    from sam2edge.export.mixed import Selection, Trial, fp16_keep, fp16_storage_only
 
-    spec, block = FRAGILE[0]
-    sd = fp16_fragile(variant_state_dict(spec, TEST_SMALL), block)
-    real = precision.select_fp16
+    calls = []
+    missed = Selection(("a",), False, (Trial(("a",), 0.9, 0.99, False),))
+    held = Selection(("b",), True, (Trial(("b",), 0.999, 0.9999, True),))
 
-    def arithmetic_kept_nothing(*a, **k):
-        return real(*a, **(k if k.get("emulation") else {**k, "max_kept": 0}))
+    def select(*a, emulation=None, **k):
+        calls.append(emulation)
+        return held if emulation is not None or arithmetic_holds else missed
 
-    monkeypatch.setattr(precision, "select_fp16", arithmetic_kept_nothing)
-    card = run_export(
-        "executorch", "test-small", "fp16", tmp_path / "b", weights=(sd, {**SOURCE, "checkpoint": spec}), **FAST
-    )
-    mixed, e2e = card["extra"]["mixed_precision"], card["fidelity"]["end_to_end"]
-    assert card["status"] == "shippable", card["fidelity"]["failures"]
-    assert mixed["arithmetic"] == "fp32" and not mixed["fp16_arithmetic"]["holds"], mixed
-    assert mixed["kept_fp32"] == [f"image_encoder.trunk.blocks.{block}"] and mixed["holds"], mixed
-    assert e2e["iou_worst"] >= 0.99 and e2e["iou_median"] >= 0.999, e2e
-    assert "all arithmetic (fp16 Linear weights only)" in card["extra"]["fp32_kept"]
-    sizes = card["extra"]["sizes"]["encoder.pte"]
-    assert sizes["bytes"] <= sizes["limit_bytes"], sizes
+    monkeypatch.setattr(precision, "select_fp16", select)
+    for arithmetic_holds, target in ((False, "executorch"), (True, "executorch"), (False, "onnx")):
+        calls.clear()
+        job = SimpleNamespace(state={}, bars=None, model=None, cfg=TEST_SMALL, clicks=8, reference=lambda: None)
+        kept = fp16_keep(job, target)
+        record = job.state["mixed_precision"]
+        if not arithmetic_holds and target == "executorch":
+            assert calls == [None, precision.STORAGE_FALLBACK["executorch"]] and kept == ("b",)
+            assert fp16_storage_only(job) and record["fp16_arithmetic"]["kept_fp32"] == ["a"]
+            assert record["fp16_arithmetic"]["holds"] is False and record["holds"]
+        else:
+            assert calls == [None] and not fp16_storage_only(job)
+            assert record.get("storage_fallback", False) == (target == "executorch")
 
 
 def test_export_falls_back_to_fp16_storage_when_its_fp16_bundle_misses(tmp_path, monkeypatch):
