@@ -30,6 +30,8 @@ import sys
 from datetime import date
 from pathlib import Path
 
+from sam2edge.checks.bench.script import new_file
+
 CONFIG = "sam2.1-hiera-tiny"
 COLUMNS = [
     ["checkpoint", "checkpoint"],
@@ -106,8 +108,9 @@ def record(args) -> int:
     from sam2edge.cards.report import SCHEMA
     from sam2edge.checks.bench.records import table_machine
 
-    if Path(args.out).exists():
-        print(f"error: {args.out} exists; name a new file for --out (it is never overwritten)", file=sys.stderr)
+    problem = new_file(args.out, "--out")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     rows = []
     for folder in sorted(p for b in args.bundles for p in Path(b).iterdir()):
@@ -241,8 +244,8 @@ def _speed_problem(bench: Path, out: Path, subjects: list[dict], by_runtime: dic
         return f"{bench}: the run has no upstream eager or no peer subject; run bench_targets.py with --peer"
     if not any(s.get("bundle") for s in subjects):
         return f"{bench}: the run timed no bundle; give bench_targets.py bundle folders"
-    if out.exists():
-        return f"{out} exists; name a new file for --out (it is never overwritten)"
+    if problem := new_file(out, "--out"):
+        return problem
     if out.resolve().parent == bench.resolve():
         return f"{out}: inside --bench, beside the run's records; write the record elsewhere"
     return None

@@ -41,7 +41,7 @@ def precision_section(card: dict, fid: dict) -> list[str]:
         mixed = (card.get("extra") or {}).get("mixed_precision") or {}
         if precision == "fp16" and card.get("target") == "executorch" and mixed.get("arithmetic") != "fp32":
             lines += [FP16_ARITHMETIC_NOTE, ""]
-        unheld = unheld_note((card.get("extra") or {}).get("mixed_precision"))
+        unheld = unheld_note(mixed)
         if unheld and fid.get("passed"):
             lines += [f"The bundle passed, but {unheld}.", ""]
     kept = (card.get("extra") or {}).get("fp32_kept") or {}

@@ -261,10 +261,10 @@ def _convert(job, file: str, module: torch.nn.Module, args: tuple) -> None:
     role = file.split(".")[0]
     keep = int8_keep(job, "executorch") if job.precision == "int8" and role == "encoder" else ()
     kept = tuple(job.state.get("mixed_precision", {}).get("kept_fp32", ()))
-    storage = job.precision == "fp16" and fp16_storage_only(job)
-    # fp16 storage: every program but the decoders (fp32, FP32_KEPT) writes its Linear weights fp16
-    stored = linear_weights(module, kept if role == "encoder" else ()) if storage else frozenset()
-    stored = frozenset() if role.startswith("decoder") else stored
+    storage = fp16_storage_only(job)
+    stored = frozenset()  # fp16 storage: every program but the decoders (fp32, FP32_KEPT) writes Linear weights fp16
+    if storage and not role.startswith("decoder"):
+        stored = linear_weights(module, kept if role == "encoder" else ())
     prog, counts = lower_program(module, args, job.precision, role, keep, stored)
     (job.folder / file).write_bytes(prog.buffer)
     del prog

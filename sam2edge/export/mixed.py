@@ -182,6 +182,11 @@ def _select(ranking, measure, bars, max_kept, margin, upper, budget, fallback) -
 MAX_WIDENINGS = 2
 
 
+def outcome(sel: dict) -> dict:
+    """What a selection (``Selection.as_dict``) kept and reached: its kept parts, IoUs and whether it held."""
+    return {k: sel[k] for k in ("kept_fp32", "iou_worst", "iou_median", "holds")}
+
+
 def widened(sel: dict, worst: float, median: float) -> dict | None:
     """The selection ``sel`` (``Selection.as_dict``) with more of its ranking kept fp32, after the bundle built
     with its ``kept_fp32`` missed an end-to-end bar in its own check (``worst`` / ``median``): the emulation is
@@ -199,11 +204,10 @@ def widened(sel: dict, worst: float, median: float) -> dict | None:
     if not sel["holds"] or len(spent) >= MAX_WIDENINGS or len(kept) >= top or ranking[: len(kept)] != kept:
         if not sel.get("storage_fallback"):
             return None
-        first = {k: sel[k] for k in ("kept_fp32", "iou_worst", "iou_median", "holds")}
         return {
             "kept_fp32": [],
             "pending": "fp16 storage",
-            "fp16_arithmetic": {**first, "bundle_checks": [*spent, missed]},
+            "fp16_arithmetic": {**outcome(sel), "bundle_checks": [*spent, missed]},
         }
     k = min(top, max(2 * len(kept), len(kept) + 1))
     return {**sel, "kept_fp32": ranking[:k], "bundle_checks": [*spent, missed]}
@@ -249,10 +253,10 @@ def fp16_keep(job, target: str) -> tuple[str, ...]:
             stage("fp16: measuring which encoder parts must stay fp32 (eager emulation vs the fp32 reference)")
             sel = select_fp16(job.model, job.cfg, job.reference(), bars, clicks=job.clicks, target=target)
             record = {**sel.as_dict(), **({"storage_fallback": True} if target in STORAGE_FALLBACK else {})}
-            first = {k: record[k] for k in ("kept_fp32", "iou_worst", "iou_median", "holds")}
+            first = outcome(record)
         else:  # its bundle missed the bars with every part ``widened`` could keep (``bundle_checks``)
             first = record["fp16_arithmetic"]
-        if not first["holds"] and target in STORAGE_FALLBACK or record.get("pending"):
+        if record.get("pending") or (not first["holds"] and target in STORAGE_FALLBACK):
             stage(
                 f"fp16: fp16 arithmetic missed the bars with {len(first['kept_fp32'])} parts kept fp32; measuring "
                 "fp16 weights with fp32 arithmetic instead"

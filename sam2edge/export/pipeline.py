@@ -326,7 +326,7 @@ def mixed_note(sel: dict | None) -> str:
 def _card_extra(spec: TargetSpec, job: Job, target: str, video: bool) -> dict:
     """The card's ``extra``: the target's facts, the video graphs, what stays fp32 and why, the measured
     mixed-precision choice."""
-    kept = fp32_kept(target, job.precision, video, job.precision == "fp16" and fp16_storage_only(job))
+    kept = fp32_kept(target, job.precision, video, fp16_storage_only(job))
     return {
         **spec.extra(job),
         **({"video": vid.extra(job)} if video else {}),

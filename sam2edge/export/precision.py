@@ -27,7 +27,7 @@ export computes in fp32 and why; ``FP16_MEASURED`` the measured end-to-end IoUs 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -54,32 +54,32 @@ def in_parts(name: str, parts: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in parts)
 
 
-def fp16_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
-    """fp32 arithmetic on weights rounded to fp16 (LiteRT's fp16 recipe on CPU), the parameters of ``keep``
-    (module or parameter names) left fp32."""
+def _rounded(model: Sam2ImageModel, chosen: Callable[[Sam2ImageModel], Iterable[torch.Tensor]]) -> Sam2ImageModel:
+    """A copy of ``model`` with the weights ``chosen(copy)`` yields rounded to fp16 (and back to fp32), the
+    constants baked from weights (position embeddings, Hiera's split q / k / v) baked again."""
     out = copy.deepcopy(model)
     with torch.no_grad():
-        for name, p in out.named_parameters():
-            if not in_parts(name, keep):
-                p.copy_(p.half().float())
-    for m in out.modules():  # re-bake constants derived from the rounded weights
+        for p in chosen(out):
+            p.copy_(p.half().float())
+    for m in out.modules():
         if hasattr(m, "refresh_constants"):
             m.refresh_constants()
     return out
+
+
+def fp16_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
+    """fp32 arithmetic on weights rounded to fp16 (LiteRT's fp16 recipe on CPU), the parameters of ``keep``
+    (module or parameter names) left fp32."""
+    return _rounded(model, lambda m: (p for name, p in m.named_parameters() if not in_parts(name, keep)))
 
 
 def fp16_linear_weights(model: Sam2ImageModel, keep: tuple[str, ...] = ()) -> Sam2ImageModel:
     """fp32 arithmetic on Linear weights rounded to fp16, everything else fp32 (ExecuTorch's fp16 storage,
     ``executorch_storage.fp16_linear_storage``), the Linears under ``keep`` (module names) left fp32."""
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, m in out.named_modules():
-            if isinstance(m, torch.nn.Linear) and not in_parts(name, keep):
-                m.weight.copy_(m.weight.half().float())
-    for m in out.modules():  # re-bake constants derived from the rounded weights (Hiera's split q / k / v)
-        if hasattr(m, "refresh_constants"):
-            m.refresh_constants()
-    return out
+    return _rounded(
+        model,
+        lambda m: (x.weight for name, x in m.named_modules() if isinstance(x, nn.Linear) and not in_parts(name, keep)),
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from sam2edge.bundle import load_card, record_fidelity
 from sam2edge.checks.bench.records import machine
 from sam2edge.checks.fidelity.bars import BARS  # noqa: F401  (the table `sam2edge verify` prints)
 from sam2edge.checks.fidelity.measure import MIN_CLICKS, measure_backend, model_prompt  # noqa: F401
-from sam2edge.config import CONFIGS, Sam2Config
+from sam2edge.config import CONFIGS, Sam2Config, get_video_config
 from sam2edge.errors import UserError
 from sam2edge.progress import stage
 from sam2edge.runtime.backends import EagerBackend, backend_for
@@ -82,10 +82,12 @@ def verify_bundle(
     cfg = bundle_config(card)
     stage(f"verify {folder} ({card['target']} {card['precision']} {card['resolution']}px) against eager fp32")
     video = isinstance(card.get("extra", {}).get("video"), dict)
+    vcfg = get_video_config(card["config"], cfg.image_size) if video else None
     if video and video_weights is None:  # the image model is part of the video model's weights (synthetic too)
         from sam2edge.weights.load import expected_shapes
+        from sam2edge.weights.video import load_video_weights
 
-        video_weights, prov = _video_reference(card, cfg, checkpoint)
+        video_weights, prov = reference_weights(card, cfg, checkpoint, lambda s, c: load_video_weights(s, c, vcfg))
         sd = {k: video_weights[k] for k in expected_shapes(cfg)}
     else:
         sd, prov = reference_weights(card, cfg, checkpoint)
@@ -93,7 +95,7 @@ def verify_bundle(
     test = test_backend or open_backend(folder, card)
     report = measure_backend(ref, test, card["precision"], clicks=clicks, bars=bars, provenance=(prov, card))
     if video:
-        report["video"] = _verify_video(folder, card, cfg, video_weights, bars)
+        report["video"] = _verify_video(folder, card, cfg, vcfg, video_weights, bars)
         report["failures"] = report["failures"] + report["video"]["failures"]
         report["passed"] = not report["failures"]
     return {
@@ -115,24 +117,13 @@ def record_report(folder: str | Path, report: dict, command: str) -> dict:
     return record_fidelity(Path(folder), ("verify",), dict(report, command=command), "verify")
 
 
-def _video_reference(card: dict, cfg: Sam2Config, checkpoint) -> tuple[dict, dict]:
-    """The whole video model's reference weights of a ``--video`` bundle, and their provenance."""
-    from sam2edge.config import get_video_config
-    from sam2edge.weights.video import load_video_weights
-
-    vcfg = get_video_config(card["config"], cfg.image_size)
-    return reference_weights(card, cfg, checkpoint, lambda spec, c: load_video_weights(spec, c, vcfg))
-
-
-def _verify_video(folder: Path, card: dict, cfg: Sam2Config, sd: dict, bars) -> dict:
+def _verify_video(folder: Path, card: dict, cfg: Sam2Config, vcfg, sd: dict, bars) -> dict:
     """The clip measurement of a ``--video`` bundle against eager fp32 (upstream's operations) on ``sd``."""
     from sam2edge.checks.fidelity.video import measure_video
-    from sam2edge.config import get_video_config
     from sam2edge.model import UPSTREAM
     from sam2edge.runtime.video.backend import EagerVideoBackend
     from sam2edge.runtime.video.bundle import open_video_bundle
 
-    vcfg = get_video_config(card["config"], cfg.image_size)
     stage("verify: tracking a two-object clip (correction, reverse) against eager fp32")
     test, _ = open_video_bundle(folder)
     return measure_video(EagerVideoBackend.from_state_dict(sd, cfg, vcfg, UPSTREAM), test, card["precision"], bars=bars)
