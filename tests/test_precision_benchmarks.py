@@ -104,6 +104,7 @@ def test_speed_table_reads_ratios_and_goals_off_one_run(bench_run, tmp_path):
         ("no-bundle", "timed no bundle"),
         ("out-inside", "inside --bench"),
         ("out-exists", "never overwritten"),
+        ("out-no-folder", "its folder does not exist"),
     ],
 )
 def test_speed_refuses_unusable_input_in_one_line(bench_run, tmp_path, capsys, case, needle):
@@ -117,6 +118,8 @@ def test_speed_refuses_unusable_input_in_one_line(bench_run, tmp_path, capsys, c
             (bench / f"{name}.json").unlink()
     elif case == "out-inside":
         out = bench / "rec.json"
+    elif case == "out-no-folder":
+        out = tmp_path / "no" / "rec.json"
     else:
         out.write_text("a user's file")
     assert _script("precision_robustness").main(["speed", "--bench", str(bench), "--out", str(out)]) == 2
@@ -238,6 +241,10 @@ def test_record_builds_rows_and_never_overwrites(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "never overwritten" in err and err.startswith("error: "), err
     assert out.read_text() == "a user's file"
+    nowhere = tmp_path / "no" / "rec.json"
+    assert _script("precision_robustness").main(["record", "--bundles", str(bundles), "--out", str(nowhere)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "its folder does not exist" in err and "\n" not in err and not (tmp_path / "no").exists(), err
 
 
 @pytest.mark.parametrize(
