@@ -14,8 +14,10 @@ Decoder forms (Hiera-Tiny at 1024 px, random weights, 16 prompt slots, no mask i
 Encoder forms: Hiera's query / shortcut pooling as max_pool2d between NCHW permutes (the earlier form) or as
 elementwise maxima in place (``Rewrites.q_pool = "maxima"``); the q / k / v projection fused and sliced (until
 the maxima form) or as three products (``Rewrites.qkv = "split"``, shipped); the global attention whole (shipped)
-or in 512 / 1024-query slices (``Rewrites.image_query_chunk``, as ONNX runs it). ``--int8``: each encoder form
-quantised as the int8 export quantises it (``executorch._quantize_int8``); ``--forms`` picks forms by name.
+or in 512 / 1024-query slices (``Rewrites.image_query_chunk``, as ONNX runs it); the keys permuted once (shipped)
+or split into heads and multiplied as q @ k^T (``Rewrites.score_keys = "rows"``, as ONNX runs them). ``--int8``:
+each encoder form quantised as the int8 export quantises it (``executorch._quantize_int8``); ``--forms`` picks forms
+by name.
 
 Each is lowered as the exporter lowers it (``executorch_lower.lower``, XNNPACK partitioner); every output is
 compared with the first form's (largest difference relative to its scale), then all are timed in interleaved
@@ -100,6 +102,7 @@ ENCODER_FORMS = {  # name: Rewrites fields that differ from executorch.REWRITES
     "maxima, split": {},  # now
     "maxima, split, 512-query slices": {"image_query_chunk": 512},  # global attention as ONNX runs it
     "maxima, split, 1024-query slices": {"image_query_chunk": 1024},
+    "maxima, split, key rows": {"score_keys": "rows"},
 }
 
 

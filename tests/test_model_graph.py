@@ -40,7 +40,9 @@ ALL_REWRITES = (
     + [Rewrites(attention_impl="ort_mha"), Rewrites(attention_impl="ort_mha", token_fold="folded", layer_norm="native")]
     + [Rewrites(image_query_chunk=48), Rewrites(image_query_chunk=48, qkv="split", attention_rank=3)]
     + [Rewrites(softmax="shifted"), Rewrites(softmax="shifted", attention_rank=3, image_query_chunk=48)]
-)  # Hiera's q/k/v projection; onnxruntime's fused attention; Hiera's global attention in query slices; the softmax
+    + [Rewrites(score_keys="rows"), Rewrites(score_keys="rows", attention_rank=3, image_query_chunk=48, qkv="split")]
+)  # Hiera's q/k/v projection; onnxruntime's fused attention; Hiera's global attention in query slices; the softmax;
+# the score product's keys
 
 
 @pytest.fixture(scope="module")
@@ -337,3 +339,40 @@ def test_fused_attention_exports_one_onnxruntime_node_per_attention(sd, tmp_path
     got = ort.InferenceSession(str(opt), providers=["CPUExecutionProvider"]).run(None, {"image": image.numpy()})
     for w, g in zip(want, got, strict=True):
         assert np.abs(w - g).max() <= 1e-5 * np.abs(w).max()
+
+
+@pytest.mark.parametrize("keys", ["permuted", "rows"])
+def test_key_rows_fuse_the_score_transpose_into_onnxruntimes_product(sd, tmp_path, keys):
+    """``score_keys="rows"`` (ONNX's form): onnxruntime runs a one-head block's q k^T as one product with its keys
+    transposed in the kernel (FusedMatMul transB), no Transpose node left in that attention; the permuted form
+    keeps a Transpose there. Both run to eager's outputs."""
+    import warnings
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from sam2edge.export.onnx import ONNX_REWRITES, example_inputs, optimize
+
+    assert TEST_SMALL.num_heads == 1  # block 0 (stage 1) attends with one head
+    model = build_sam2(TEST_SMALL, dataclasses.replace(ONNX_REWRITES, score_keys=keys)).eval()
+    model.load_state_dict(sd)
+    (image,) = example_inputs(TEST_SMALL)[0]
+    raw, opt, run = tmp_path / "raw.onnx", tmp_path / "opt.onnx", tmp_path / "run.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        want = [t.numpy() for t in EncoderGraph(model)(image)]
+        torch.onnx.export(EncoderGraph(model), (image,), str(raw), dynamo=False, input_names=["image"])
+    optimize(raw, opt)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(run)  # the graph onnxruntime runs, after its own fusions
+    got = ort.InferenceSession(str(opt), so, providers=["CPUExecutionProvider"]).run(None, {"image": image.numpy()})
+    for w, g in zip(want, got, strict=True):
+        assert np.abs(w - g).max() <= 1e-5 * np.abs(w).max()
+    block0 = [n for n in onnx.load(str(run)).graph.node if "/blocks.0/attn/" in n.name]
+    transposes = [n.name for n in block0 if n.op_type == "Transpose"]
+    fused_t = [n for n in block0 if n.op_type == "FusedMatMul" and any(a.name == "transB" and a.i for a in n.attribute)]
+    if keys == "rows":
+        assert not transposes and len(fused_t) == 1, (transposes, [n.name for n in block0])
+    else:
+        assert transposes and not fused_t, [n.name for n in block0]

@@ -60,6 +60,7 @@ ONNX_REWRITES = Rewrites(
     qkv="split",
     image_query_chunk=512,
     upscale_layout="nhwc",
+    score_keys="rows",
 )
 CLICKS = 40
 # optimised vs unoptimised graph, per output, to ~1e-7 (fp16 / int8: the fp32 graphs before storage / quantisation)

@@ -73,6 +73,10 @@ class Rewrites:
     # Exact (each query row's softmax is its own); slices keep the scores in the CPU's cache: 4096 queries x 4096
     # keys x 4 heads, onnxruntime at 2 threads, 89 -> 68 ms per block in 512-query slices (``export.onnx``)
     image_query_chunk: int = 0
+    # the score product's keys (B, Nk, C): "permuted" once to (B, nh, d, Nk), a real transpose of d, the contiguous
+    # dim; "rows" split into heads (B, nh, Nk, d) and multiplied as q @ k^T, a transpose onnxruntime fuses into the
+    # product (FusedMatMul transB): no copy for one head, a head-major copy of whole rows for more
+    score_keys: str = "permuted"
 
     def __post_init__(self) -> None:
         checks = {
@@ -89,6 +93,7 @@ class Rewrites:
             "upscale_layout": (self.upscale_layout, ("nchw", "nhwc")),
             "q_pool": (self.q_pool, ("max_pool", "maxima")),
             "qkv": (self.qkv, ("fused", "split")),
+            "score_keys": (self.score_keys, ("permuted", "rows")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
@@ -218,6 +223,8 @@ def _attention(
     q = _heads(q, num_heads)  # (B, nh, Nq, d)
     if keys_transposed:
         kt = k.reshape(B, num_heads, d, Nk)  # (B, nh, d, Nk): channels are head-major
+    elif rw.score_keys == "rows":
+        kt = _heads(k, num_heads).transpose(-2, -1)  # (B, nh, d, Nk) as a view of (B, nh, Nk, d)
     else:
         kt = k.reshape(B, Nk, num_heads, d).permute(0, 2, 3, 1)  # (B, nh, d, Nk): one transpose, not two
     v = _heads(v, num_heads)  # (B, nh, Nk, dv)
