@@ -53,7 +53,8 @@ def video_section(card: dict, fid: dict) -> list[str]:
             "",
             f"Mask IoU vs eager fp32 per frame index (worst over {clip.get('objects', '?')} objects), clip of "
             f"{clip.get('frames', '?')} frames: worst {_num(meas.get('iou_worst'), 4)}, median "
-            f"{_num(meas.get('iou_median'), 4)}; bars: {bars}; "
+            f"{_num(meas.get('iou_median'), 4)}"
+            f"{_ties(meas.get('threshold_ties'))}; bars: {bars}; "
             f"{'passed' if not meas.get('failures') else 'FAILED: ' + '; '.join(meas['failures'])}.",
             "",
         ]
@@ -67,3 +68,10 @@ def video_section(card: dict, fid: dict) -> list[str]:
             ]
             out += _table(list(lat), [[_num(v, 1) for v in lat.values()]]) + [""]
     return out
+
+
+def _ties(n) -> str:
+    """The clause on reference logits left out as ties (``checks.fidelity.video.TIE``); none for older reports."""
+    if not n:
+        return ""
+    return f" ({n} pixel(s) whose reference logit sits on the threshold to fp32 rounding left out)"

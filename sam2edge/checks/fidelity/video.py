@@ -6,7 +6,8 @@ propagation, a correction (a background click on object 1 at frame ``CORRECTION_
 propagation again, then reverse propagation from the last frame. Both predictors run the same calls;
 per pass and frame index, the mask IoU (video resolution, logits > 0) worst over the objects, so drift
 over time is visible. A pixel whose reference logit is a tie (within ``TIE`` of 0, relative to the object's largest
-|logit|) is left out of its IoU and counted in the report (``threshold_ties``). Bars (``bars.BARS``): ``min_video_iou_worst`` / ``min_video_iou_median``.
+|logit|) is left out of its IoU and counted in the report (``threshold_ties``). Bars (``bars.BARS``):
+``min_video_iou_worst`` / ``min_video_iou_median``.
 Timing: seconds per backend call kind per frame (encoder / memory attention / decoder / memory encoder),
 measured on whatever machine runs the check (a record, not a bar).
 """
