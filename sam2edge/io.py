@@ -101,3 +101,42 @@ def atomic_dir(dest: str | Path) -> Iterator[Path]:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- result files a later run may replace ---------------------------------------------------------
+SOFTWARE = "sam2edge"  # stamped into each PNG / JSON result a command writes: a later run may replace that file
+
+
+def png_stamp():
+    """PNG text chunks for ``Image.save(..., pnginfo=png_stamp())``: Software = sam2edge."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("Software", SOFTWARE)
+    return info
+
+
+def written_here(path: str | Path) -> bool:
+    """Whether the file ``path`` is a result a sam2edge command wrote: a PNG whose Software text is sam2edge, or
+    a JSON object whose "software" is. Anything else (unreadable included) is the user's."""
+    import json
+
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".json":
+            doc = json.loads(path.read_text())
+            return isinstance(doc, dict) and doc.get("software") == SOFTWARE
+        with Image.open(path) as im:
+            return im.format == "PNG" and getattr(im, "text", {}).get("Software") == SOFTWARE
+    except (OSError, ValueError, UnidentifiedImageError):
+        return False
+
+
+def check_replaceable(outputs: dict[str, str | Path]) -> None:
+    """Refuse an output path (option name -> path) that holds a file no sam2edge command wrote (``written_here``):
+    a user's file is never written over; an earlier run's result is replaced."""
+    for opt, raw in outputs.items():
+        if Path(raw).is_file() and not written_here(raw):
+            raise UserError(f"{opt} {raw} already exists and sam2edge did not write it; pass a new file name")

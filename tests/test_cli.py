@@ -94,6 +94,26 @@ def test_no_prompt(tmp_path, capsys):
     assert "no prompt" in _bad(tmp_path, capsys, ["sample:coffee.png"])
 
 
+def test_a_second_run_replaces_its_results_but_never_a_users_file(tmp_path, capsys):
+    """mask / overlay PNGs carry Software = sam2edge: a rerun replaces them; any other existing file (a photo, a
+    PNG another program wrote, a text file) is refused in one line, untouched, and nothing else is written."""
+    out, ovl = tmp_path / "m.png", tmp_path / "o.png"
+    args = ["segment", "sample:coffee.png", "--point", "300,200", "--config", "test-small"]
+    assert main([*args, "--out", str(out), "--overlay", str(ovl)]) == 0
+    assert Image.open(out).text.get("Software") == "sam2edge"
+    assert main([*args, "--point", "100,50", "--out", str(out), "--overlay", str(ovl)]) == 0
+    capsys.readouterr()
+    user_png, user_txt, fresh = tmp_path / "photo.png", tmp_path / "notes.txt", tmp_path / "new.png"
+    Image.new("RGB", (4, 4)).save(user_png)
+    user_txt.write_text("mine")
+    for flag, path, other in (("--out", user_png, "--overlay"), ("--overlay", user_txt, "--out")):
+        before = path.read_bytes()
+        assert main([*args, flag, str(path), other, str(fresh)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == f"error: {flag} {path} already exists and sam2edge did not write it; pass a new file name"
+        assert path.read_bytes() == before and not fresh.exists()
+
+
 @pytest.mark.parametrize("point", ["1", "a,b", "1,2,7"])
 def test_malformed_point_is_a_usage_error(point, capsys):
     with pytest.raises(SystemExit) as e:

@@ -267,6 +267,17 @@ def test_cli_everything(small_bundle, tmp_path, capsys):
     assert photo_copy.read_bytes() == before
     err = capsys.readouterr().err
     assert "is the input" in err and "does not exist" in err
+    # a second run replaces the first run's results; a file sam2edge did not write is refused, nothing written
+    assert main([*argv, "--points-per-side", "2"]) == 0 and json.loads(out.read_text())["software"] == "sam2edge"
+    user = tmp_path / "notes.json"
+    user.write_text('{"mine": 1}')
+    fresh = tmp_path / "fresh.png"
+    assert (
+        main(["everything", "sample:chelsea.png", "--model", str(bundle), "--out", str(user), "--overlay", str(fresh)])
+        == 2
+    )
+    assert user.read_text() == '{"mine": 1}' and not fresh.exists()
+    assert "--out " + str(user) + " already exists and sam2edge did not write it" in capsys.readouterr().err
 
 
 # ---- batched decoder graph, every target -----------------------------------------------------------

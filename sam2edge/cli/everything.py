@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
-from sam2edge.io import atomic_path
+from sam2edge.io import SOFTWARE, atomic_path, check_replaceable, png_stamp
 from sam2edge.validate import check_amg_options, check_outputs
 
 
@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check_outputs(image: Path, out: Path, overlay: Path) -> None:
     """The shared output checks (never over the input, not one file twice, no folder) plus the suffixes."""
     check_outputs({"--out": out, "--overlay": overlay}, (image,))
+    check_replaceable({"--out": out, "--overlay": overlay})
     for path, want in ((out, ".json"), (overlay, ".png")):
         if path.suffix.lower() != want:
             raise UserError(f"output {path} must end in {want}")
@@ -76,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
         predictor = Sam2Predictor.from_checkpoint(args.checkpoint, CONFIGS[args.config] if args.config else None)
     records = Sam2AutomaticMaskGenerator(predictor, **kwargs).generate(rgb)
     h, w = rgb.shape[:2]
-    doc = {"image": args.image, "size": [h, w], "model": args.model or args.checkpoint or "synthetic", "masks": records}
-    with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(doc))
+    model = args.model or args.checkpoint or "synthetic"
+    doc = {"image": args.image, "size": [h, w], "model": model, "software": SOFTWARE, "masks": records}
     masks = [mask_utils.decode({**r["segmentation"], "counts": r["segmentation"]["counts"].encode()}) for r in records]
-    with atomic_path(overlay) as tmp:
-        render_masks(rgb, [m > 0 for m in masks]).save(tmp, format="PNG")
+    with atomic_path(out) as tmp_json, atomic_path(overlay) as tmp_png:  # both or neither
+        tmp_json.write_text(json.dumps(doc))
+        render_masks(rgb, [m > 0 for m in masks]).save(tmp_png, format="PNG", pnginfo=png_stamp())
     print(f"masks:   {out.resolve()} ({len(records)} masks)")
     print(f"overlay: {overlay.resolve()}")
     return 0

@@ -10,7 +10,7 @@ from PIL import Image
 
 from sam2edge.config import CONFIGS
 from sam2edge.errors import UserError
-from sam2edge.io import atomic_path
+from sam2edge.io import atomic_path, check_replaceable, png_stamp
 from sam2edge.validate import check_box, check_outputs, check_points
 
 SAMPLE_PREFIX = "sample:"
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no prompt given; add --point X,Y (repeatable) and/or --box X0,Y0,X1,Y1")
     path = image_path(args.image)
     check_outputs({"--out": args.out, "--overlay": args.overlay}, (path,))
+    check_replaceable({"--out": args.out, "--overlay": args.overlay})
     if args.point:
         check_points([p[:2] for p in args.point], [p[2] for p in args.point])
     if args.box is not None:
@@ -133,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     best = int(np.argmax(scores))
     mask = masks[best] > 0.5
     with atomic_path(args.out) as tmp_mask, atomic_path(args.overlay) as tmp_overlay:  # both or neither
-        Image.fromarray(mask.astype(np.uint8) * 255).save(tmp_mask, format="PNG")
-        render_overlay(rgb, mask, coords, labels, box).save(tmp_overlay, format="PNG")
+        Image.fromarray(mask.astype(np.uint8) * 255).save(tmp_mask, format="PNG", pnginfo=png_stamp())
+        render_overlay(rgb, mask, coords, labels, box).save(tmp_overlay, format="PNG", pnginfo=png_stamp())
     print(f"mask:    {Path(args.out).resolve()}")
     print(f"overlay: {Path(args.overlay).resolve()}")
     all_scores = ", ".join(f"{s:.3f}" for s in scores)
