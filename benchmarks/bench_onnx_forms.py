@@ -49,7 +49,7 @@ FORMS = {
         "shipped": {},  # ONNX_REWRITES: q / k / v as three products, global attention in 512-query slices
         "chunk1024": {"image_query_chunk": 1024},
         "maxima": {"q_pool": "maxima"},
-        "key-rows": {"score_keys": "rows"},
+        "permuted": {"score_keys": "permuted"},  # the keys permuted once to (B, heads, d, N) (before: rows, fused)
     },
     "decoder": {
         "native": {"transposed_conv": "native", "upscale_layout": "nchw"},  # onnxruntime's ConvTranspose, NCHW
