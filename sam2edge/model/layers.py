@@ -74,8 +74,8 @@ class Rewrites:
     # keys x 4 heads, onnxruntime at 2 threads, 89 -> 68 ms per block in 512-query slices (``export.onnx``)
     image_query_chunk: int = 0
     # the score product's keys (B, Nk, C): "permuted" once to (B, nh, d, Nk), a real transpose of d, the contiguous
-    # dim; "rows" split into heads (B, nh, Nk, d) and multiplied as q @ k^T, a transpose onnxruntime fuses into the
-    # product (FusedMatMul transB): no copy for one head, a head-major copy of whole rows for more
+    # dim; "rows" split into heads (B, nh, Nk, d) and multiplied as q @ k^T, a transpose onnxruntime fuses into a
+    # one-head product (FusedMatMul transB: no copy); with more heads its optimiser merges both into one permutation
     score_keys: str = "permuted"
 
     def __post_init__(self) -> None:
