@@ -54,6 +54,15 @@ def _float_array(name: str, value: object, dtype: type = np.float32) -> np.ndarr
     return a
 
 
+def _has_bool(value: object) -> bool:
+    """Whether ``value`` (a scalar, array or nested list) holds a boolean, which numpy would take as 0 / 1."""
+    if isinstance(value, bool | np.bool_):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.dtype == np.bool_ or (value.dtype == object and any(_has_bool(v) for v in value.flat))
+    return isinstance(value, list | tuple) and any(_has_bool(v) for v in value)
+
+
 def check_points(point_coords: object, point_labels: object) -> tuple[np.ndarray, np.ndarray]:
     """-> (coords Nx2 float32, labels N float32), N >= 1; labels in ``LABELS``, one per point, all finite."""
     if point_labels is None:
@@ -61,6 +70,8 @@ def check_points(point_coords: object, point_labels: object) -> tuple[np.ndarray
     p = _float_array("point_coords", point_coords)
     if p.size == 0 or p.size % 2 or (p.ndim >= 1 and p.shape[-1] != 2):
         raise InputError(f"point_coords must be Nx2 (X, Y) with N >= 1, got shape {p.shape}")
+    if _has_bool(point_labels):
+        raise InputError("point_labels holds true / false; use the numbers 1 (object) or 0 (background)")
     lab = _float_array("point_labels", point_labels, np.float64).reshape(-1)
     p = p.reshape(-1, 2)
     if len(p) != len(lab):

@@ -131,6 +131,19 @@ def test_non_image_is_refused(server):
     assert_alive(srv)
 
 
+def test_unknown_encode_place_is_refused(server):
+    """``?encode=`` takes server or page; anything else is a 400 naming both (upload and sample alike)."""
+    srv, _ = server
+    token = session(srv)
+    data = png_bytes(photo("coffee.png"))
+    headers = {"X-Session": token, "Content-Type": "application/octet-stream"}
+    status, _, body = request(srv, "POST", "/api/images?encode=gpu", data, headers)
+    assert status == 400 and "use encode=server (the default) or encode=page" in error_of(status, body)
+    status, _, body = request(srv, "POST", "/api/images?sample=coffee.png&encode=Page", b"", headers)
+    assert status == 400 and "encode='Page'" in error_of(status, body)
+    assert_alive(srv)
+
+
 def test_decompression_bomb_is_refused(server):
     srv, _ = server
     data = huge_png(20000, 20000)

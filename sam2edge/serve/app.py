@@ -233,7 +233,10 @@ class App:
     def _post_image(self, h: Handler, path: str, query: dict) -> None:
         session = self._session(h)
         sample, stored, feats = (query.get("sample") or [None])[0], (query.get("stored") or [None])[0], None
-        encode = (query.get("encode") or ["server"])[0] != "page"  # page: the page runs the encoder
+        where = (query.get("encode") or ["server"])[0]
+        if where not in ("server", "page"):
+            raise HttpError(400, f"encode={where[:40]!r}: use encode=server (the default) or encode=page")
+        encode = where == "server"  # page: the page runs the encoder
         if stored is not None and self.stored is not None:
             rgb, feats = self.stored.load(stored)
             image_id, photo, ms = self.add_photo(session, rgb, feats)

@@ -65,6 +65,8 @@ BAD_PROMPTS = {
     "label 4": (dict(point_coords=[[1.0, 3.0]], point_labels=[4]), "point label 4 is not one of"),
     "label 0.5": (dict(point_coords=[[1.0, 3.0]], point_labels=[0.5]), "point label 0.5 is not one of"),
     "label 1e9": (dict(point_coords=[[1.0, 3.0]], point_labels=[1e9]), "is not one of"),
+    "bool label": (dict(point_coords=[[1.0, 3.0]], point_labels=[True]), "point_labels holds true / false"),
+    "bool label array": (dict(point_coords=[[1.0, 3.0]], point_labels=np.array([False])), "holds true / false"),
     "labels missing": (dict(point_coords=[[1.0, 3.0]]), "point_labels must be supplied"),
     "labels alone": (dict(point_labels=[1]), "point_labels given without point_coords"),
     "count mismatch": (dict(point_coords=[[1.0, 3.0], [2, 2]], point_labels=[1]), "2 points but 1 labels"),

@@ -132,6 +132,7 @@ PROMPTS = {
     "label 2.5": (b'{"coords": [[3, 3]], "labels": [2.5]}', "point label 2.5 is not one of"),
     "label NaN": (b'{"coords": [[3, 3]], "labels": [NaN]}', "point_labels holds NaN"),
     "label string": (b'{"coords": [[3, 3]], "labels": ["fg"]}', "not an array of numbers"),
+    "label true": (b'{"coords": [[3, 3]], "labels": [true]}', "point_labels holds true / false"),
     "ragged coords": (b'{"coords": [[3, 3], [3]], "labels": [1, 1]}', "not an array of numbers"),
     "coords Nx3": (b'{"coords": [[3, 3, 3]], "labels": [1]}', "must be Nx2"),
     "count mismatch": (b'{"coords": [[3, 3], [4, 4]], "labels": [1]}', "2 points but 1 labels"),
