@@ -209,3 +209,30 @@ def test_track_frames_of_two_sizes(clip, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the first frame" in err[0] and "pass frames of one size" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip"]
+
+
+def test_png_frame_folders_read_as_jpeg_ones_and_mixed_ones_are_refused(clip, tmp_path, capsys):
+    """``<int>.png`` frames read in frame order, pixel for pixel as the same frames' JPEG folder decodes; a folder
+    of both kinds, or of PNGs not named by number, is one line, exit 2, nothing written."""
+    want = read_frames(clip / "clip")
+    pngs = tmp_path / "png"
+    pngs.mkdir()
+    for i, frame in enumerate(want):
+        Image.fromarray(frame).save(pngs / f"{i}.png")  # unpadded numbers sort as numbers, not as text
+    got = read_frames(pngs)
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    out = tmp_path / "m.json"
+    assert main(["track", str(pngs), "--config", "test-small", "--point", "0:10,10", "--out", str(out)]) == 0
+    capsys.readouterr()
+    mixed, named = tmp_path / "mixed", tmp_path / "named"
+    mixed.mkdir()
+    named.mkdir()
+    Image.fromarray(want[0]).save(mixed / "00000.png")
+    Image.fromarray(want[1]).save(mixed / "00001.jpg")
+    Image.fromarray(want[0]).save(named / "first.png")
+    for folder, words in ((mixed, "holds both JPEG and PNG frames"), (named, "PNG files not named by frame number")):
+        dest = tmp_path / f"out_{folder.name}.json"
+        assert main(["track", str(folder), "--config", "test-small", "--point", "0:10,10", "--out", str(dest)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not dest.exists()

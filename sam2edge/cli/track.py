@@ -43,7 +43,9 @@ def _box(text: str) -> Prompt:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("video", help="video file (.mp4/.webm/.mov, decoded by PyAV) or a folder of 00000.jpg, ...")
+    p.add_argument(
+        "video", help="video file (.mp4/.webm/.mov, decoded by PyAV) or a folder of 00000.jpg, ... (or .png) frames"
+    )
     p.add_argument(
         "--point", type=_point, action="append", default=[], metavar="F:X,Y[,LABEL][@OBJ]", help="click on frame F"
     )

@@ -1,8 +1,8 @@
-"""Video input and output with PyAV: frames in (JPEG folder, video file, list), overlay video and masks out.
+"""Video input and output with PyAV: frames in (frame folder, video file, list), overlay video and masks out.
 
-Frames are HxWx3 uint8 RGB numpy arrays. A JPEG folder is read as upstream's predictor reads it
-(``<int>.jpg`` names, sorted by number). Mask PNGs are palette images whose pixel value is the
-object id (0 background), as DAVIS stores them.
+Frames are HxWx3 uint8 RGB numpy arrays. A frame folder is read as upstream's predictor reads a JPEG folder
+(``<int>.jpg`` names, sorted by number); ``<int>.png`` frames are read the same way (one kind per folder). Mask
+PNGs are palette images whose pixel value is the object id (0 background), as DAVIS stores them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from PIL import Image
 from sam2edge.errors import UserError
 from sam2edge.validate import check_frames
 
-JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
+FRAME_SUFFIXES = {"JPEG": (".jpg", ".jpeg", ".JPG", ".JPEG"), "PNG": (".png", ".PNG")}  # one kind per folder
 VIDEO_SUFFIXES = (".mp4", ".MP4", ".webm", ".mov", ".MOV", ".mkv", ".avi", ".m4v")
 # overlay container suffix -> encoders to try, first that the installed FFmpeg has
 ENCODERS: dict[str, tuple[str, ...]] = {".mp4": ("libx264", "h264", "mpeg4"), ".webm": ("libvpx-vp9", "libvpx")}
@@ -36,17 +36,21 @@ def _av():
     return av
 
 
-def jpeg_frame_paths(folder: Path) -> list[Path]:
-    """``<int>.jpg`` files of a folder, in frame order (upstream's naming rule)."""
-    paths = [p for p in folder.iterdir() if p.suffix in JPEG_SUFFIXES]
+def frame_paths(folder: Path) -> list[Path]:
+    """``<int>.jpg`` (upstream's naming rule) or ``<int>.png`` files of a folder, in frame order."""
+    kinds = {kind: [p for p in folder.iterdir() if p.suffix in suffixes] for kind, suffixes in FRAME_SUFFIXES.items()}
+    found = [kind for kind, paths in kinds.items() if paths]
+    if not found:
+        raise VideoError(f"no frames in {folder}; pass a folder of 00000.jpg, 00001.jpg, ... (or .png) or a video file")
+    if len(found) > 1:
+        raise VideoError(f"{folder} holds both JPEG and PNG frames; keep one kind of frame in the folder")
+    paths = kinds[found[0]]
     try:
         paths.sort(key=lambda p: int(p.stem))
     except ValueError:
         raise VideoError(
-            f"{folder} holds JPEG files not named by frame number; name them 00000.jpg, 00001.jpg, ..."
+            f"{folder} holds {found[0]} files not named by frame number; name them 00000{paths[0].suffix}, ..."
         ) from None
-    if not paths:
-        raise VideoError(f"no JPEG frames in {folder}; pass a folder of 00000.jpg, 00001.jpg, ... or a video file")
     return paths
 
 
@@ -56,7 +60,7 @@ def decode_frames(path: Path) -> Iterator[np.ndarray]:
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
-                raise VideoError(f"{path} has no video stream; pass an .mp4/.webm/.mov file or a JPEG folder")
+                raise VideoError(f"{path} has no video stream; pass an .mp4/.webm/.mov file or a folder of frames")
             for frame in container.decode(video=0):
                 yield frame.to_ndarray(format="rgb24")
     except (av.error.FFmpegError, UnicodeDecodeError) as e:
@@ -65,7 +69,7 @@ def decode_frames(path: Path) -> Iterator[np.ndarray]:
 
 
 def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
-    """All frames of a JPEG folder, a video file, or a list of HxWx3 uint8 arrays / PIL images."""
+    """All frames of a JPEG or PNG frame folder, a video file, or a list of HxWx3 uint8 arrays / PIL images."""
     if not isinstance(video, (str, Path)):
         try:
             frames = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else f for f in video]
@@ -75,14 +79,14 @@ def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
     else:
         path = Path(video)
         if path.is_dir():
-            frames = [_read_jpeg(p) for p in jpeg_frame_paths(path)]
+            frames = [_read_frame(p) for p in frame_paths(path)]
         elif path.is_file():
             frames = list(decode_frames(path))
         else:
-            raise VideoError(f"video {path} does not exist; pass a JPEG folder or an .mp4/.webm/.mov file")
+            raise VideoError(f"video {path} does not exist; pass a frame folder or an .mp4/.webm/.mov file")
     if not frames:
         raise VideoError(f"{video} holds no frames; pass a video with at least one frame")
-    names = jpeg_frame_paths(Path(video)) if Path(video).is_dir() else None
+    names = frame_paths(Path(video)) if Path(video).is_dir() else None
     for i, f in enumerate(frames):
         if f.shape != frames[0].shape:
             where = f"{names[i]}" if names else f"{video} frame {i}"
@@ -91,8 +95,8 @@ def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
     return check_frames(frames)
 
 
-def _read_jpeg(path: Path) -> np.ndarray:
-    """One JPEG frame -> HxWx3 uint8 RGB, or VideoError naming the file (truncated, not a JPEG, unreadable)."""
+def _read_frame(path: Path) -> np.ndarray:
+    """One JPEG / PNG frame -> HxWx3 uint8 RGB, or VideoError naming the file (truncated, not an image, unreadable)."""
     from PIL import UnidentifiedImageError
 
     try:

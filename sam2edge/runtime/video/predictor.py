@@ -108,7 +108,7 @@ class Sam2VideoPredictor:
         offload_state_to_cpu: bool = False,
         async_loading_frames: bool = False,
     ) -> VideoState:
-        """Read a JPEG folder, a video file (PyAV) or a list of HxWx3 uint8 frames.
+        """Read a JPEG or PNG frame folder, a video file (PyAV) or a list of HxWx3 uint8 frames.
 
         The offload / async flags are upstream's; on the CPU they change nothing and are accepted as no-ops.
         """
