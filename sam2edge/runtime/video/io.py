@@ -76,17 +76,16 @@ def read_frames(video: str | Path | Iterable) -> list[np.ndarray]:
         except TypeError:
             raise VideoError(f"video is a {type(video).__name__}; pass a path or a list of frames") from None
         return check_frames(frames)
+    path, names = Path(video), None
+    if path.is_dir():
+        names = frame_paths(path)
+        frames = [_read_frame(p) for p in names]
+    elif path.is_file():
+        frames = list(decode_frames(path))
     else:
-        path = Path(video)
-        if path.is_dir():
-            frames = [_read_frame(p) for p in frame_paths(path)]
-        elif path.is_file():
-            frames = list(decode_frames(path))
-        else:
-            raise VideoError(f"video {path} does not exist; pass a frame folder or an .mp4/.webm/.mov file")
+        raise VideoError(f"video {path} does not exist; pass a frame folder or an .mp4/.webm/.mov file")
     if not frames:
         raise VideoError(f"{video} holds no frames; pass a video with at least one frame")
-    names = frame_paths(Path(video)) if Path(video).is_dir() else None
     for i, f in enumerate(frames):
         if f.shape != frames[0].shape:
             where = f"{names[i]}" if names else f"{video} frame {i}"
