@@ -61,3 +61,47 @@ def test_a_frame_under_the_bar_is_still_refused():
         "iou_median": 0.999,
     }
     assert video_failures(report) == ["video mask IoU worst 0.9980 < 0.999 (worst: forward pass, frame 2)"]
+
+
+def _video_flips():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "video_flips.py"
+    spec = importlib.util.spec_from_file_location("video_flips", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_video_flips_rows_name_each_flip_with_its_reference_logit():
+    """``benchmarks/video_flips.py``'s rows: per pass, frame and object, the area, largest difference and flips
+    relative to the object's scale, the nearest flipped reference logit, and the ties."""
+    ref = _frame(3)
+    scale = float(np.abs(ref[1]).max())
+    ref[1, 0, 2, 2] = -2.5e-9 * scale
+    got = ref.copy()
+    got[1, 0, 2, 2] = 5e-9 * scale
+    rows = _video_flips().rows({"forward": {0: ref}}, {"forward": {0: got}})
+    assert [r[:4] for r in rows] == [
+        ("forward", 0, 0, int((ref[0] > 0).sum())),
+        ("forward", 0, 1, int((ref[1] > 0).sum())),
+    ]
+    assert rows[0][4:7] == (0.0, 0, None)
+    assert rows[1][5] == 1 and rows[1][6] == pytest.approx(2.5e-9, rel=1e-3) and rows[1][4] == pytest.approx(7.5e-9)
+    assert rows[1][7] == 1
+
+
+def test_video_flips_on_a_bundle_and_its_refusals(video_bundle_dir, small_bundle, tmp_path, capsys):
+    """A --video bundle's clip is tabulated; a folder without a card, or an image-only bundle, is one line, exit 2."""
+    vf = _video_flips()
+    assert vf.main([str(video_bundle_dir("onnx"))]) == 0
+    out = capsys.readouterr().out
+    assert "masks without a flip" in out and "| pass | frame | object |" in out
+    assert vf.main([str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: {tmp_path} has no card.json; pass a bundle folder written by `sam2edge export --video`"
+    )
+    assert vf.main([str(small_bundle("onnx"))]) == 2
+    assert capsys.readouterr().err.strip().endswith("has no video graphs; export it with --video")

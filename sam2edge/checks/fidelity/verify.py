@@ -61,6 +61,13 @@ def open_backend(folder: Path, card: dict, **kwargs):
     return backend_for(card["target"]).from_bundle(Path(folder), **kwargs)
 
 
+def video_reference_weights(card: dict, cfg: Sam2Config, vcfg, checkpoint: str | None = None) -> tuple[dict, dict]:
+    """``reference_weights`` of a ``--video`` bundle: the whole video model's state dict (synthetic too)."""
+    from sam2edge.weights.video import load_video_weights
+
+    return reference_weights(card, cfg, checkpoint, lambda s, c: load_video_weights(s, c, vcfg))
+
+
 def verify_bundle(
     folder: str | Path,
     *,
@@ -85,9 +92,8 @@ def verify_bundle(
     vcfg = get_video_config(card["config"], cfg.image_size) if video else None
     if video and video_weights is None:  # the image model is part of the video model's weights (synthetic too)
         from sam2edge.weights.load import expected_shapes
-        from sam2edge.weights.video import load_video_weights
 
-        video_weights, prov = reference_weights(card, cfg, checkpoint, lambda s, c: load_video_weights(s, c, vcfg))
+        video_weights, prov = video_reference_weights(card, cfg, vcfg, checkpoint)
         sd = {k: video_weights[k] for k in expected_shapes(cfg)}
     else:
         sd, prov = reference_weights(card, cfg, checkpoint)
